@@ -1,0 +1,57 @@
+"""pcd_engine: structured decisions from local LLMs, decided in parallel from token tries.
+
+Every allowed value of every field is compiled into a token trie, and all the tries of a wave are scored in
+one tree-packed forward pass on top of the schema's cached prompt head.
+"""
+
+from pcd_engine.baseline import BaselineResult, generate_baseline
+from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
+from pcd_engine.engine import Engine, EngineOptions
+from pcd_engine.errors import (
+    BackendUnavailableError,
+    ContextError,
+    ModelLoadError,
+    OptionError,
+    PCDError,
+    PromptAlignmentError,
+    SchemaError,
+)
+from pcd_engine.models import ALIASES, DEFAULT_MODEL, default_model_path
+from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
+from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALIASES",
+    "DEFAULT_MODEL",
+    "Alternative",
+    "BackendUnavailableError",
+    "BaselineResult",
+    "ContextError",
+    "Decision",
+    "Engine",
+    "EngineOptions",
+    "Exact",
+    "ExtractionResult",
+    "ExtractionStats",
+    "FieldResult",
+    "FieldSpec",
+    "Fixed",
+    "Label",
+    "Marginal",
+    "ModelLoadError",
+    "OptionError",
+    "PCDError",
+    "Preset",
+    "PromptAlignmentError",
+    "Schema",
+    "SchemaError",
+    "Strategy",
+    "TrieWalk",
+    "__version__",
+    "compile_schema",
+    "default_model_path",
+    "generate_baseline",
+    "load_preset",
+]

@@ -1,0 +1,111 @@
+"""The backend contract: the only layer that touches tensors.
+
+A backend owns a model and its tokenizer and offers four operations, in this order in every backend file:
+
+1. :meth:`Backend.prefill` runs a schema's head once and returns an immutable :class:`Prefix` (its KV cache);
+2. :meth:`Backend.start` opens a per-request :class:`RequestState` on top of a prefix, never modifying it;
+3. :meth:`Backend.score_tree` appends causal tokens to the state and reads the log-probabilities of a packed
+   token tree in the same forward pass; the tree never stays in the state;
+4. :meth:`Backend.generate_greedy` writes text token by token (the autoregressive baseline).
+
+Every forward call is counted in :attr:`Backend.forward_passes`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from pcd_engine.planner import TreeBatch
+
+__all__ = ["Backend", "Prefix", "RequestState"]
+
+
+class Prefix(ABC):
+    """A prefilled, read-only prompt head. Reused across requests."""
+
+    length: int
+
+
+class RequestState(ABC):
+    """One request's view of the model: a prefix plus the causal tokens appended so far."""
+
+    length: int
+
+
+class Backend(ABC):
+    """A model that can score packed token trees on top of a cached prompt head.
+
+    Attributes:
+        name: Short backend name, e.g. ``"torch"``.
+        tokenizer: The model's Hugging Face tokenizer.
+        forward_passes: Number of model forward calls run so far, of every kind.
+        scorer: ``"packed"`` when trees are tree-packed into one sequence, ``"rows"`` for the fallback that
+            scores one row per label path.
+    """
+
+    name: str
+    tokenizer: Any
+    forward_passes: int
+    scorer: str
+
+    @property
+    @abstractmethod
+    def max_context(self) -> int:
+        """The longest sequence, in tokens, the model accepts."""
+
+    @abstractmethod
+    def prefill(self, ids: Sequence[int]) -> Prefix:
+        """Run ``ids`` through the model once and keep their KV cache.
+
+        Args:
+            ids: Token ids of the head; may be empty.
+
+        Returns:
+            A prefix that later requests start from.
+        """
+
+    @abstractmethod
+    def start(self, prefix: Prefix) -> RequestState:
+        """Open a request on top of ``prefix`` without copying or modifying it."""
+
+    @abstractmethod
+    def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
+        """Append ``causal`` to ``state`` and score ``batch`` after it, in one forward pass.
+
+        Each fed tree node sees the whole state, every causal token and its own ancestors; its position is the
+        position after the last causal token plus its depth. After the call the state holds the causal tokens
+        but none of the tree.
+
+        Args:
+            state: The request state; grows by ``len(causal)``.
+            causal: Tokens to append causally (the document, written answers); may be empty only when no query
+                reads row -1.
+            batch: The tree nodes to feed and the log-probabilities to read.
+
+        Returns:
+            ``float64`` array: for each query, ``log p(query_token | row's context)``.
+        """
+
+    @abstractmethod
+    def generate_greedy(
+        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
+    ) -> list[int]:
+        """Greedy autoregressive generation with a KV cache.
+
+        Args:
+            ids: The prompt.
+            max_new_tokens: Upper bound on generated tokens.
+            stop: Called with the tokens generated so far after each step; True ends generation.
+
+        Returns:
+            The generated token ids (without the prompt).
+        """
+
+    @abstractmethod
+    def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
+        """Estimated peak extra memory, in bytes, of one pass of ``new`` tokens after ``past`` cached ones,
+        reading ``rows`` output distributions."""

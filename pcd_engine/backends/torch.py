@@ -1,0 +1,338 @@
+"""PyTorch backend on transformers ``AutoModelForCausalLM``.
+
+Tree-packed scoring: the causal tokens and every fed tree node go into one sequence after the cached prefix,
+with per-token ``position_ids`` (a node sits at the position after the causal block plus its depth) and a 4-D
+float mask (0 visible, a large negative number hidden) that lets each node see the prefix, the causal block and
+its own ancestors. Models with sliding-window layers get a dict of masks, one per layer type, with the window
+built into the sliding one; their caches are kept whole (plain ``DynamicLayer``), so cropping the tree back off
+is exact. Models whose cache cannot branch by masking (recurrent or hybrid layers, attention kernels that take
+no custom mask) fall back to scoring one row per root-to-leaf chain, with no cache reuse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from pcd_engine.backends.base import Backend, Prefix, RequestState
+from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
+from pcd_engine.planner import TreeBatch
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = ["TorchBackend"]
+
+_MASKABLE_LAYERS = {"full_attention", "sliding_attention"}
+_MASKABLE_KERNELS = {"eager", "sdpa"}
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:  # pragma: no cover - depends on the machine
+        raise BackendUnavailableError(
+            "Backend 'torch': expected PyTorch and transformers to be installed, but torch is missing. "
+            "Install with: pip install 'pcd[torch]' (on CPU: pip install torch==2.13.0 first)."
+        ) from exc
+    return torch
+
+
+@dataclass
+class TorchPrefix(Prefix):
+    """A prefilled head: its token ids and (for the packed scorer) its KV cache."""
+
+    ids: tuple[int, ...]
+    cache: Any
+    length: int
+
+
+@dataclass
+class TorchState(RequestState):
+    """A request: the forked cache, the ids it holds, and their count."""
+
+    ids: list[int]
+    cache: Any
+    length: int
+
+
+class TorchBackend(Backend):
+    """Scores packed token trees with a transformers causal LM.
+
+    Args:
+        model: A loaded ``PreTrainedModel`` for causal LM.
+        tokenizer: Its tokenizer.
+        scorer: ``"auto"``, ``"packed"`` or ``"rows"``. ``"auto"`` picks packed when every layer is full or
+            sliding attention and the attention kernel takes a custom mask.
+
+    Raises:
+        OptionError: If ``scorer`` is unknown, or ``"packed"`` is forced on a model that cannot do it.
+    """
+
+    name = "torch"
+
+    def __init__(self, model: Any, tokenizer: Any, *, scorer: str = "auto") -> None:
+        torch = _torch()
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.forward_passes = 0
+        config = model.config.get_text_config()
+        self._config = config
+        self._layer_types = list(getattr(config, "layer_types", None) or [])
+        self._sliding = "sliding_attention" in self._layer_types
+        self._window = int(getattr(config, "sliding_window", 0) or 0)
+        kernel = getattr(model.config, "_attn_implementation", "eager") or "eager"
+        maskable = set(self._layer_types) <= _MASKABLE_LAYERS and kernel in _MASKABLE_KERNELS
+        if scorer not in ("auto", "packed", "rows"):
+            raise OptionError(f"Scorer: expected 'auto', 'packed' or 'rows', but got {scorer!r}.")
+        if scorer == "packed" and not maskable:
+            raise OptionError(
+                f"Scorer 'packed': expected full or sliding attention layers with an eager/sdpa kernel, but this "
+                f"model has layers {sorted(set(self._layer_types))} and kernel {kernel!r}. Use scorer='auto'."
+            )
+        self.scorer = "packed" if scorer == "auto" and maskable else ("rows" if scorer == "auto" else scorer)
+        self._device = next(model.parameters()).device
+        self._dtype = next(model.parameters()).dtype
+        self._grad = torch.no_grad
+
+    @classmethod
+    def load(cls, path: str, *, device: str | None = None, dtype: str | None = None, scorer: str = "auto") -> TorchBackend:
+        """Load a model folder or Hugging Face repo id.
+
+        Args:
+            path: A local folder with ``config.json``, or a repo id in the local Hugging Face cache.
+            device: ``"cpu"``, ``"cuda"``, ...; defaults to CUDA when available.
+            dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; defaults to float32 on CPU, bfloat16 on CUDA.
+            scorer: See :class:`TorchBackend`.
+
+        Raises:
+            ModelLoadError: If the model cannot be loaded.
+        """
+        torch = _torch()
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype is None:
+            torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        else:
+            torch_dtype = getattr(torch, dtype, None)
+            if not isinstance(torch_dtype, torch.dtype):
+                raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
+        try:
+            config = AutoConfig.from_pretrained(path)
+            softcap = getattr(config.get_text_config(), "attn_logit_softcapping", None)
+            kernel = "eager" if softcap else "sdpa"
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=kernel)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except OSError as exc:
+            raise ModelLoadError(
+                f"Model {path!r}: expected a local model folder or a repo id in the local Hugging Face cache, but "
+                f"loading failed: {str(exc).splitlines()[0]}"
+            ) from exc
+        return cls(model.to(device), tokenizer, scorer=scorer)
+
+    @property
+    def max_context(self) -> int:
+        """The model's ``max_position_embeddings`` (or 32768 when the config has none)."""
+        return int(getattr(self._config, "max_position_embeddings", 0) or 32768)
+
+    # ------------------------------------------------------------------------------------------ contract
+
+    def prefill(self, ids: Sequence[int]) -> TorchPrefix:
+        """Run the head once and keep its cache (packed), or just its ids (rows)."""
+        ids = tuple(int(i) for i in ids)
+        if self.scorer == "rows" or not ids:
+            return TorchPrefix(ids, self._new_cache(), len(ids) if self.scorer == "rows" else 0)
+        cache = self._new_cache()
+        empty = TreeBatch((), (), (), (), (), ())
+        self._packed_pass(cache, 0, list(ids), empty)
+        return TorchPrefix(ids, cache, len(ids))
+
+    def start(self, prefix: Prefix) -> TorchState:
+        """Fork the prefix: new cache layers that share the prefix's tensors (``update`` concatenates into new
+        tensors, so the prefix is never written to)."""
+        if not isinstance(prefix, TorchPrefix):
+            raise TypeError(f"start: expected a TorchPrefix, but got {type(prefix).__name__}.")
+        return TorchState(list(prefix.ids), self._fork(prefix.cache), prefix.length)
+
+    def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
+        """Append ``causal`` and read the tree's log-probabilities in one pass (see :class:`Backend`)."""
+        if not isinstance(state, TorchState):
+            raise TypeError(f"score_tree: expected a TorchState, but got {type(state).__name__}.")
+        causal = [int(t) for t in causal]
+        if not causal and -1 in batch.query_rows:
+            raise ValueError("score_tree: queries read the last causal token, but no causal tokens were given.")
+        if self.scorer == "rows":
+            out = self._rows_pass(state.ids + causal, batch)
+            state.ids.extend(causal)
+            state.length += len(causal)
+            return out
+        out = self._packed_pass(state.cache, state.length, causal, batch)
+        state.ids.extend(causal)
+        state.length += len(causal)
+        return out
+
+    def generate_greedy(
+        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
+    ) -> list[int]:
+        """Plain greedy decoding with the model's own cache and masks."""
+        torch = _torch()
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        inputs = torch.tensor([list(ids)], device=self._device)
+        out: list[int] = []
+        with self._grad():
+            for _ in range(max_new_tokens):
+                logits = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1).logits
+                self.forward_passes += 1
+                token = int(logits[0, -1].argmax())
+                out.append(token)
+                if stop(out):
+                    break
+                inputs = torch.tensor([[token]], device=self._device)
+        return out
+
+    def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
+        """Mask(s), one layer's attention scores, the kept logits and their log-softmax, and activations."""
+        cfg = self._config
+        heads = int(getattr(cfg, "num_attention_heads", 8))
+        hidden = int(getattr(cfg, "hidden_size", 512))
+        inter = int(getattr(cfg, "intermediate_size", 4 * hidden))
+        vocab = int(getattr(cfg, "vocab_size", 32000))
+        width = past + new
+        masks = (2 if self._sliding else 1) * new * width * 4
+        scores = heads * new * width * 4 * 2
+        logits = rows * vocab * 4 * 2
+        acts = new * (4 * hidden + 2 * inter) * 4
+        kv = 2 * int(getattr(cfg, "num_hidden_layers", 1)) * new * hidden * 4
+        return masks + scores + logits + acts + kv
+
+    # ------------------------------------------------------------------------------------------ packed
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache()
+
+    def _fork(self, cache: Any) -> Any:
+        from transformers import DynamicCache
+        from transformers.cache_utils import DynamicLayer
+
+        fork = DynamicCache()
+        layers = []
+        for layer in getattr(cache, "layers", []):
+            copy = DynamicLayer()
+            if layer.is_initialized:
+                copy.lazy_initialization(layer.keys, layer.values)
+                copy.keys, copy.values = layer.keys, layer.values
+            layers.append(copy)
+        fork.layers = layers
+        return fork
+
+    def _masks(self, past: int, causal: int, batch: TreeBatch) -> tuple[Any, np.ndarray]:
+        torch = _torch()
+        n = len(batch.tokens)
+        t = causal + n
+        qpos = np.concatenate([past + np.arange(causal), past + causal + np.asarray(batch.depths, dtype=np.int64)])
+        kpos = np.concatenate([np.arange(past), qpos])
+        visible = np.zeros((t, past + t), dtype=bool)
+        visible[:, :past] = True
+        visible[:causal, past : past + causal] = np.tril(np.ones((causal, causal), dtype=bool))
+        visible[causal:, past : past + causal] = True
+        ancestors = np.zeros((n, n), dtype=bool)
+        for i, parent in enumerate(batch.parents):
+            if parent >= 0:
+                ancestors[i] = ancestors[parent]
+            ancestors[i, i] = True
+        visible[causal:, past + causal :] = ancestors
+        hidden = torch.finfo(self._dtype).min
+
+        def to_tensor(v: np.ndarray) -> Any:
+            mask = torch.zeros(v.shape, dtype=self._dtype, device=self._device)
+            mask.masked_fill_(torch.from_numpy(~v).to(self._device), hidden)
+            return mask[None, None]
+
+        if not self._sliding:
+            return to_tensor(visible), qpos
+        window = visible & ((qpos[:, None] - kpos[None, :]) < self._window)
+        return {"full_attention": to_tensor(visible), "sliding_attention": to_tensor(window)}, qpos
+
+    def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
+        torch = _torch()
+        n = len(batch.tokens)
+        if not causal and n == 0:
+            return np.zeros(0)
+        mask, positions = self._masks(past, len(causal), batch)
+        ids = torch.tensor([causal + list(batch.tokens)], device=self._device)
+        pos = torch.from_numpy(positions).to(self._device)[None]
+        keep = n + (1 if causal else 0)
+        with self._grad():
+            out = self.model(
+                input_ids=ids,
+                position_ids=pos,
+                attention_mask=mask,
+                cache=cache,
+                use_cache=True,
+                logits_to_keep=max(keep, 1),
+            )
+        self.forward_passes += 1
+        if n:
+            for layer in cache.layers:
+                layer.crop(-n)
+        if not batch.query_rows:
+            return np.zeros(0)
+        logits = out.logits[0].float()
+        rows = torch.tensor([r + (1 if causal else 0) for r in batch.query_rows], device=self._device)
+        tokens = torch.tensor(batch.query_tokens, device=self._device)
+        picked = logits[rows, tokens] - torch.logsumexp(logits, dim=-1)[rows]
+        return picked.double().cpu().numpy()
+
+    # ------------------------------------------------------------------------------------------ rows fallback
+
+    def _rows_pass(self, ids: list[int], batch: TreeBatch, *, rows_per_call: int = 8) -> np.ndarray:
+        torch = _torch()
+        n = len(batch.tokens)
+        is_parent = set(p for p in batch.parents if p >= 0)
+        ends = [i for i in range(n) if i not in is_parent] or [-1]
+        chains: list[list[int]] = []
+        row_of: dict[int, tuple[int, int]] = {}
+        for end in ends:
+            chain: list[int] = []
+            node = end
+            while node >= 0:
+                chain.append(node)
+                node = batch.parents[node]
+            chain.reverse()
+            for offset, node in enumerate(chain):
+                row_of.setdefault(node, (len(chains), offset + 1))
+            row_of.setdefault(-1, (len(chains), 0))
+            chains.append(chain)
+        longest = max(len(c) for c in chains)
+        base = len(ids)
+        logprob_rows: dict[tuple[int, int], Any] = {}
+        needed = {row_of[r] for r in batch.query_rows}
+        with self._grad():
+            for start in range(0, len(chains), rows_per_call):
+                group = chains[start : start + rows_per_call]
+                width = base + longest
+                inputs = torch.full((len(group), width), 0, dtype=torch.long, device=self._device)
+                attn = torch.zeros((len(group), width), dtype=torch.long, device=self._device)
+                for g, chain in enumerate(group):
+                    seq = ids + [batch.tokens[c] for c in chain]
+                    inputs[g, : len(seq)] = torch.tensor(seq, device=self._device)
+                    attn[g, : len(seq)] = 1
+                logits = self.model(input_ids=inputs, attention_mask=attn, logits_to_keep=longest + 1).logits
+                self.forward_passes += 1
+                logits = logits.float()
+                for (chain_index, offset) in needed:
+                    g = chain_index - start
+                    if 0 <= g < len(group):
+                        logprob_rows[(chain_index, offset)] = torch.log_softmax(logits[g, offset], dim=-1)
+        out = np.empty(len(batch.query_rows))
+        for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens)):
+            out[q] = float(logprob_rows[row_of[row]][token])
+        return out

@@ -1,0 +1,224 @@
+"""Labels to token tries, compiled in the exact context the model sees.
+
+Every allowed value of every field in a wave is written as the complete JSON line the model would produce after
+the prompt tail, tokenized *together with* the tail, and cut after the token that covers the closing comma. The
+lines of all fields go into one trie, so shared prefixes (the indent, a key, ``"1_`` in ``1_HOUR`` and
+``12_HOURS``) are computed once::
+
+    tail: ... assistant\\n{            (causal; its last token gives the root distribution)
+                 |
+               "\\n  "                      node 0 ─ shared by every field of the wave
+               /          \\
+        ' "', 'deadline', '":'   ' "', 'refund', '":'
+            |                              |
+          ' "'                     ┌──────┴───────┐
+           |                     ' true'  ' false'   ' "' ── 'true' ...   (surface forms)
+          '1' ── '_HOUR' ── '",'    |         |
+           └── '2' ── '_HOURS' ── '",'  ','   ','
+                   ▲
+                   decision lands here: the first token where labels differ
+
+Each node is one token. Its log-probability is read from its parent's output (the root's parent is the last
+causal token). Only nodes with children are fed to the model ("packed"); leaves are looked up in their
+parent's distribution. If the tail tokenizes differently alone than before a line, the tree starts at the
+first token where they differ, so nothing is ever scored at a misaligned position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pcd_engine.errors import PromptAlignmentError
+from pcd_engine.prompt import TokenizerView, field_line
+from pcd_engine.schema import FieldSpec
+
+__all__ = ["CompiledWave", "FieldTrie", "LabelPath", "TokenTree", "compile_wave"]
+
+
+@dataclass(frozen=True)
+class LabelPath:
+    """The token path of one (label, surface form) of a field.
+
+    Attributes:
+        label: Index of the label in the field's labels.
+        surface: Index of the surface form in the label's surfaces.
+        nodes: Tree node ids, one per token, root side first.
+        ident: Index into ``nodes`` of the identifying node: the first node whose subtree holds only this
+            label's paths (within the field).
+    """
+
+    label: int
+    surface: int
+    nodes: tuple[int, ...]
+    ident: int
+
+
+@dataclass(frozen=True)
+class FieldTrie:
+    """One field's part of the wave's tree.
+
+    Attributes:
+        spec: The field.
+        paths: One path per (label, surface form).
+        decision_depth: Number of leading tokens shared by all of the field's paths; the decision lands on
+            the token after them, and probabilities and masses are measured from there.
+    """
+
+    spec: FieldSpec
+    paths: tuple[LabelPath, ...]
+    decision_depth: int
+
+
+@dataclass(frozen=True)
+class TokenTree:
+    """The token trie of a wave, as flat arrays.
+
+    Attributes:
+        tokens: Token id of each node.
+        parents: Parent node id of each node, or -1 for children of the root (the last causal token).
+        depths: Depth of each node; children of the root have depth 0.
+        packed: Ids of the nodes with children, parents before children. These are fed to the model.
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    packed: tuple[int, ...]
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(frozen=True)
+class CompiledWave:
+    """The compiled tree of one wave of fields, for one tail text.
+
+    Attributes:
+        tail_ids: Token ids of the tail text after the boundary special token, as the prompt must end.
+        causal_len: How many of ``tail_ids`` precede the tree; the rest is replaced by each path.
+        tree: The trie of every path of every field of the wave.
+        fields: The fields, each with its paths into ``tree``.
+    """
+
+    tail_ids: tuple[int, ...]
+    causal_len: int
+    tree: TokenTree
+    fields: tuple[FieldTrie, ...]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def compile_wave(
+    tokenizer: TokenizerView, fields: Sequence[FieldSpec], *, boundary_text: str, tail_text: str
+) -> CompiledWave:
+    """Compile ``fields`` into one token trie after ``boundary_text + tail_text``.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        fields: Fields with two or more labels to decide together.
+        boundary_text: The special token that starts the tail (tokenized as one token), or ``""``.
+        tail_text: The text from the boundary to the point where the fields' lines start.
+
+    Returns:
+        The compiled wave.
+
+    Raises:
+        PromptAlignmentError: If the tail and the lines cannot be aligned at a token boundary.
+    """
+    base = tokenizer.encode(boundary_text + tail_text)
+    skip = len(tokenizer.encode(boundary_text)) if boundary_text else 0
+    if base[:skip] != tokenizer.encode(boundary_text):
+        raise PromptAlignmentError(
+            f"Prompt tail: expected {boundary_text!r} to stay one token before the tail, but it merged with the text."
+        )
+    prefix = boundary_text + tail_text
+    entries: list[tuple[int, int, int, str]] = []
+    for f, spec in enumerate(fields):
+        for li, label in enumerate(spec.labels):
+            for si, surface in enumerate(label.surfaces):
+                entries.append((f, li, si, field_line(spec.name, surface)))
+    texts = [prefix + line + "\n" for *_, line in entries]
+    encoded = tokenizer.hf(texts, add_special_tokens=False, return_offsets_mapping=True)
+    cut_paths: list[list[int]] = []
+    start = len(base)
+    for (f, _li, _si, line), ids, offsets in zip(entries, encoded["input_ids"], encoded["offset_mapping"]):
+        comma = len(prefix) + len(line) - 1
+        cut = next((i + 1 for i, (_s, e) in enumerate(offsets) if e > comma), None)
+        if cut is None:
+            raise PromptAlignmentError(
+                f"Field {fields[f].name!r}: expected a token covering the comma after the value, but found none."
+            )
+        ids = list(ids)[:cut]
+        cut_paths.append(ids)
+        start = min(start, _common_prefix(base, ids))
+    if start < skip:
+        raise PromptAlignmentError(
+            f"Prompt tail: expected the lines to leave the boundary token {boundary_text!r} intact, but they changed it."
+        )
+
+    node_of: dict[tuple[int, ...], int] = {}
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    has_child: list[bool] = []
+    per_field: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in fields]
+    for (f, li, si, _line), ids in zip(entries, cut_paths):
+        rel = ids[start:]
+        if not rel:
+            raise PromptAlignmentError(f"Field {fields[f].name!r}: expected value tokens after the tail, but got none.")
+        nodes = []
+        parent = -1
+        for depth in range(len(rel)):
+            key = tuple(rel[: depth + 1])
+            node = node_of.get(key)
+            if node is None:
+                node = len(tokens)
+                node_of[key] = node
+                tokens.append(rel[depth])
+                parents.append(parent)
+                depths.append(depth)
+                has_child.append(False)
+            if parent >= 0:
+                has_child[parent] = True
+            nodes.append(node)
+            parent = node
+        per_field[f].append((li, si, tuple(nodes)))
+
+    tries = []
+    for spec, items in zip(fields, per_field):
+        leaves = {nodes[-1] for *_, nodes in items}
+        for *_, nodes in items:
+            if any(n in leaves for n in nodes[:-1]):
+                raise PromptAlignmentError(
+                    f"Field {spec.name!r}: expected no label's tokens to be a prefix of another's, but the tokenizer "
+                    "produced one. Rename the labels."
+                )
+        depth = min(len(n) for *_, n in items)
+        for i in range(depth):
+            if len({n[i] for *_, n in items}) != 1:
+                depth = i
+                break
+        labels_under: dict[int, set[int]] = {}
+        for li, _si, nodes in items:
+            for node in nodes[depth:]:
+                labels_under.setdefault(node, set()).add(li)
+        paths = []
+        for li, si, nodes in items:
+            ident = next(i for i in range(depth, len(nodes)) if labels_under[nodes[i]] == {li})
+            paths.append(LabelPath(li, si, nodes, ident))
+        tries.append(FieldTrie(spec, tuple(paths), depth))
+
+    tree = TokenTree(
+        tokens=tuple(tokens),
+        parents=tuple(parents),
+        depths=tuple(depths),
+        packed=tuple(i for i, c in enumerate(has_child) if c),
+    )
+    return CompiledWave(tail_ids=tuple(base[skip:]), causal_len=start - skip, tree=tree, fields=tuple(tries))

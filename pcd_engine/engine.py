@@ -1,0 +1,355 @@
+"""The Engine: load a model, then fill in schemas from text with tree-packed decisions.
+
+One request runs, per wave of fields, ONE forward pass on top of the schema head's cached KV: the document (or
+the answers written by the previous wave) as a causal block, followed by the packed trie of every label of
+every field in the wave. A wave's tree is split over several passes only when it would exceed the memory budget.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pcd_engine.backends.base import Backend, Prefix
+from pcd_engine.compiler import CompiledWave, compile_wave
+from pcd_engine.decoding import choose_strategy
+from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, PromptAlignmentError
+from pcd_engine.planner import plan_passes, plan_waves
+from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
+from pcd_engine.schema import Schema, compile_schema
+
+__all__ = ["Engine", "EngineOptions"]
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine-wide settings.
+
+    Attributes:
+        anchor: Decide the first field alone and write it into the prompt before the others (one extra pass,
+            usually better answers). ``depends_on`` adds waves either way.
+        head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
+        memory_budget_mb: Estimated peak memory of one pass above which a wave's tree is split into passes.
+        marginal_max_labels: Fields with up to this many labels use the marginal strategy by default; larger
+            ones use the trie walk.
+        top_k: How many alternatives each field reports.
+        low_mass_warning: Warn when a field's candidate mass is below this.
+    """
+
+    anchor: bool = True
+    head_cache_size: int = 8
+    memory_budget_mb: float = 1024.0
+    marginal_max_labels: int = 32
+    top_k: int = 5
+    low_mass_warning: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.head_cache_size < 1:
+            raise OptionError(f"head_cache_size: expected an integer >= 1, but got {self.head_cache_size}.")
+        if self.memory_budget_mb <= 0:
+            raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
+        if self.top_k < 1:
+            raise OptionError(f"top_k: expected an integer >= 1, but got {self.top_k}.")
+
+
+@dataclass(frozen=True)
+class _Plan:
+    prompt: ChatPrompt
+    tail0_ids: tuple[int, ...]
+
+
+class Engine:
+    """Fills in closed-field schemas from text with a local model.
+
+    Args:
+        backend: A loaded backend.
+        options: Engine settings; keyword arguments override single fields.
+        **overrides: Fields of :class:`EngineOptions`.
+
+    Example:
+        >>> engine = Engine.load()                       # doctest: +SKIP
+        >>> out = engine.extract("My card was charged twice, refund me today!", Ticket)  # doctest: +SKIP
+        >>> out.values                                   # doctest: +SKIP
+        {'sentiment': 'NEGATIVE', 'wants_refund': True, 'deadline': '12_HOURS'}
+    """
+
+    def __init__(self, backend: Backend, *, options: EngineOptions | None = None, **overrides: Any) -> None:
+        base = options or EngineOptions()
+        try:
+            self.options = EngineOptions(**{**base.__dict__, **overrides})
+        except TypeError as exc:
+            raise OptionError(f"Engine options: {exc}. Known options: {sorted(base.__dict__)}.") from None
+        self.backend = backend
+        self.tokenizer = TokenizerView(backend.tokenizer)
+        self._heads: OrderedDict[str, tuple[_Plan, Prefix]] = OrderedDict()
+        self._waves: OrderedDict[tuple[str, str, tuple[str, ...]], CompiledWave] = OrderedDict()
+
+    @classmethod
+    def load(
+        cls,
+        name_or_path: str | os.PathLike[str] | None = None,
+        *,
+        backend: str = "auto",
+        device: str | None = None,
+        dtype: str | None = None,
+        scorer: str = "auto",
+        **options: Any,
+    ) -> Engine:
+        """Load a model and wrap it in an engine.
+
+        Args:
+            name_or_path: ``None`` for the embedded SmolLM2-135M-Instruct (offline), an alias from
+                :data:`pcd_engine.models.ALIASES`, a local folder, or a Hugging Face repo id.
+            backend: ``"auto"`` or ``"torch"``.
+            device: Torch device; defaults to CUDA when available, else CPU.
+            dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+            scorer: ``"auto"``, ``"packed"`` or ``"rows"`` (see :class:`~pcd_engine.backends.torch.TorchBackend`).
+            **options: Fields of :class:`EngineOptions`.
+
+        Returns:
+            The engine.
+
+        Raises:
+            ModelLoadError: If the model cannot be found or loaded.
+            BackendUnavailableError: If the backend's libraries are missing.
+        """
+        from pcd_engine.models import resolve_model
+
+        if backend not in ("auto", "torch"):
+            raise BackendUnavailableError(
+                f"Backend {backend!r}: expected 'auto' or 'torch', but got {backend!r}. The MLX backend is not "
+                "available in this version."
+            )
+        from pcd_engine.backends.torch import TorchBackend
+
+        path = resolve_model(name_or_path, backend="torch")
+        return cls(TorchBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
+
+    # ------------------------------------------------------------------------------------------ public
+
+    def extract(
+        self,
+        text: str,
+        schema: Any,
+        *,
+        temperature: float = 1.0,
+        anchor: bool | None = None,
+        strategy: str | None = None,
+    ) -> ExtractionResult:
+        """Fill in ``schema`` from ``text``.
+
+        Args:
+            text: The document to classify; surrounding whitespace is stripped.
+            schema: A Pydantic model class, JSON Schema dict, preset dict, preset file dict or compiled
+                :class:`~pcd_engine.schema.Schema`.
+            temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
+            anchor: Override :attr:`EngineOptions.anchor` for this call.
+            strategy: Force ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every multi-label field.
+
+        Returns:
+            The values, per-field evidence, warnings and statistics.
+
+        Raises:
+            SchemaError: If the schema has a field pcd cannot decide (before any model work).
+            ContextError: If the text is empty or too long for the model.
+            PromptAlignmentError: If the prompt does not tokenize the way the compiler assumed.
+        """
+        started = time.perf_counter()
+        compiled = compile_schema(schema)
+        if not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise OptionError(f"temperature: expected a number > 0, but got {temperature!r}.")
+        if strategy is not None:
+            choose_strategy(2, name=strategy)  # validate before any model work
+        document = self._check_text(text)
+        use_anchor = self.options.anchor if anchor is None else anchor
+        phases = dict.fromkeys(("tokenize", "prefill", "compile", "forward", "decode"), 0.0)
+        passes_before = self.backend.forward_passes
+
+        plan, prefix = self._head(compiled, phases)
+        tick = time.perf_counter()
+        ids = plan.prompt.request_ids(self.tokenizer, document)
+        if tuple(ids[len(ids) - len(plan.tail0_ids) :]) != plan.tail0_ids:
+            raise PromptAlignmentError(
+                "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
+                "their tokenization. Strip unusual trailing characters from the text."
+            )
+        waves = plan_waves(compiled, anchor=use_anchor)
+        deepest = 2 + max(len(l.surfaces[0]) for f in compiled.fields for l in f.labels)
+        if len(ids) + deepest > self.backend.max_context:
+            raise ContextError(
+                f"Context: expected the prompt to fit the model's window of {self.backend.max_context} tokens, but "
+                f"it needs {len(ids)} tokens (plus up to {deepest} for the answers). Shorten the text."
+            )
+        phases["tokenize"] += (time.perf_counter() - tick) * 1000
+
+        state = self.backend.start(prefix)
+        pending = list(ids[len(plan.prompt.head_ids) : len(ids) - len(plan.tail0_ids)])
+        committed: tuple[int, ...] = ()
+        tail_text = plan.prompt.tail_text
+        results: dict[str, FieldResult] = {}
+        warnings: list[str] = []
+        nodes_scored = 0
+        for index, wave in enumerate(waves):
+            scored = [f for f in wave if len(f.labels) > 1]
+            chosen: dict[str, int] = {}
+            if scored:
+                tick = time.perf_counter()
+                cw = self._compile(compiled, scored, tail_text)
+                if cw.tail_ids[: len(committed)] != committed or cw.causal_len < len(committed):
+                    raise PromptAlignmentError(
+                        f"Wave {index}: expected the written answers to extend the tail's tokens, but they re-tokenized "
+                        "the text before them."
+                    )
+                pending.extend(cw.tail_ids[len(committed) : cw.causal_len])
+                committed = cw.tail_ids[: cw.causal_len]
+                budget = int(self.options.memory_budget_mb * 2**20)
+                passes = plan_passes(cw.tree, max_nodes=self._max_nodes(state.length, len(pending), budget))
+                phases["compile"] += (time.perf_counter() - tick) * 1000
+
+                tick = time.perf_counter()
+                logprobs = np.zeros(len(cw.tree))
+                for batch in passes:
+                    logprobs[list(batch.query_nodes)] = self.backend.score_tree(state, causal=pending, batch=batch)
+                    pending = []
+                    nodes_scored += len(batch.tokens)
+                phases["forward"] += (time.perf_counter() - tick) * 1000
+
+                tick = time.perf_counter()
+                for trie in cw.fields:
+                    n = len(trie.spec.labels)
+                    decision = choose_strategy(
+                        n, name=strategy, marginal_max_labels=self.options.marginal_max_labels
+                    ).decide(trie, logprobs, temperature=float(temperature))
+                    results[trie.spec.name] = self._field_result(trie.spec, decision, index, warnings)
+                    chosen[trie.spec.name] = decision.label
+                phases["decode"] += (time.perf_counter() - tick) * 1000
+            for spec in wave:
+                if spec.name not in results:
+                    decision = choose_strategy(1).decide(None, np.zeros(0))  # type: ignore[arg-type]
+                    results[spec.name] = self._field_result(spec, decision, index, warnings)
+                    chosen[spec.name] = 0
+                tail_text += field_line(spec.name, spec.labels[chosen[spec.name]].surfaces[0])
+
+        if plan.prompt.system_folded:
+            warnings.insert(0, "The chat template has no system role; the instructions were put in the user turn.")
+        if self.backend.scorer == "rows":
+            warnings.insert(0, "This model's cache cannot branch by masking; labels were scored one row each (slower).")
+        ordered = {f.name: results[f.name] for f in compiled.fields}
+        phases["total"] = (time.perf_counter() - started) * 1000
+        stats = ExtractionStats(
+            phases_ms=phases,
+            prompt_tokens=len(ids),
+            cached_tokens=len(plan.prompt.head_ids),
+            forward_passes=self.backend.forward_passes - passes_before,
+            nodes_scored=nodes_scored,
+            waves=len(waves),
+        )
+        values = {name: r.value for name, r in ordered.items()}
+        return ExtractionResult(values, ordered, tuple(warnings), stats, compiled)
+
+    def extract_many(self, texts: Iterable[str], schema: Any, **kwargs: Any) -> list[ExtractionResult]:
+        """Run :meth:`extract` on each text with the same schema (the head cache is shared).
+
+        Args:
+            texts: The documents.
+            schema: As for :meth:`extract`.
+            **kwargs: Passed to :meth:`extract`.
+
+        Returns:
+            One result per text, in order.
+        """
+        compiled = compile_schema(schema)
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            self._check_text(text, where=f"texts[{i}]")
+        return [self.extract(text, compiled, **kwargs) for text in texts]
+
+    def prompt_for(self, text: str, schema: Any) -> list[int]:
+        """Token ids of the full prompt the model sees for ``text`` (head, document and tail up to ``{``)."""
+        compiled = compile_schema(schema)
+        prompt = ChatPrompt.build(self.tokenizer, compiled)
+        return prompt.request_ids(self.tokenizer, self._check_text(text))
+
+    # ------------------------------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _check_text(text: Any, *, where: str = "text") -> str:
+        if not isinstance(text, str):
+            raise ContextError(f"Context: expected {where} to be a str, but got {type(text).__name__}.")
+        stripped = text.strip()
+        if not stripped:
+            raise ContextError(f"Context: expected {where} to contain some text, but got only whitespace or nothing.")
+        return stripped
+
+    def _head(self, schema: Schema, phases: dict[str, float]) -> tuple[_Plan, Prefix]:
+        key = schema.fingerprint
+        hit = self._heads.get(key)
+        if hit is not None:
+            self._heads.move_to_end(key)
+            return hit
+        prompt = ChatPrompt.build(self.tokenizer, schema)
+        tail0 = self.tokenizer.encode(prompt.boundary_text + prompt.tail_text)
+        skip = len(self.tokenizer.encode(prompt.boundary_text)) if prompt.boundary_text else 0
+        plan = _Plan(prompt, tuple(tail0[skip:]))
+        tick = time.perf_counter()
+        prefix = self.backend.prefill(prompt.head_ids)
+        phases["prefill"] += (time.perf_counter() - tick) * 1000
+        self._heads[key] = (plan, prefix)
+        while len(self._heads) > self.options.head_cache_size:
+            self._heads.popitem(last=False)
+        return plan, prefix
+
+    def _compile(self, schema: Schema, fields: Sequence[Any], tail_text: str) -> CompiledWave:
+        key = (schema.fingerprint, tail_text, tuple(f.name for f in fields))
+        hit = self._waves.get(key)
+        if hit is not None:
+            self._waves.move_to_end(key)
+            return hit
+        prompt = self._heads[schema.fingerprint][0].prompt
+        wave = compile_wave(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
+        self._waves[key] = wave
+        while len(self._waves) > 64 * self.options.head_cache_size:
+            self._waves.popitem(last=False)
+        return wave
+
+    def _max_nodes(self, past: int, causal: int, budget: int) -> int:
+        lo, hi = 1, 1 << 16
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self.backend.pass_bytes(past=past, new=causal + mid, rows=mid + 1) <= budget:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _field_result(self, spec: Any, decision: Any, wave: int, warnings: list[str]) -> FieldResult:
+        probs = decision.probabilities
+        order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[: self.options.top_k]
+        alternatives = tuple(Alternative(spec.labels[i].value, probs[i]) for i in order)
+        mass = decision.candidate_mass
+        if mass is not None and mass < self.options.low_mass_warning:
+            warnings.append(
+                f"Field {spec.name!r}: the model put only {mass:.1%} of its probability on the allowed labels; "
+                "it wanted to write something else."
+            )
+        if len(order) > 1 and probs[order[0]] - probs[order[1]] < 0.02:
+            warnings.append(
+                f"Field {spec.name!r}: {spec.labels[order[0]].value!r} and {spec.labels[order[1]].value!r} are "
+                f"nearly tied ({probs[order[0]]:.2f} vs {probs[order[1]]:.2f})."
+            )
+        return FieldResult(
+            name=spec.name,
+            value=spec.labels[decision.label].value,
+            probability=probs[decision.label],
+            candidate_mass=mass,
+            method=decision.method,
+            alternatives=alternatives,
+            wave=wave,
+        )

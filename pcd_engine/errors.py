@@ -1,0 +1,51 @@
+"""The one error hierarchy of pcd.
+
+Every error pcd raises on purpose derives from :class:`PCDError`. Messages name the thing that is wrong, what was
+expected, what was received, and how to fix it, so that a caller can show them to a user as they are.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BackendUnavailableError",
+    "ContextError",
+    "ModelLoadError",
+    "OptionError",
+    "PCDError",
+    "PromptAlignmentError",
+    "SchemaError",
+]
+
+
+class PCDError(Exception):
+    """Base class of every error raised by pcd."""
+
+
+class SchemaError(PCDError, ValueError):
+    """A schema (Pydantic model, JSON Schema or preset) that pcd cannot decide.
+
+    Raised before any model work, so nothing is half-done.
+    """
+
+
+class ContextError(PCDError, ValueError):
+    """The text to classify is unusable: empty, only whitespace, or longer than the model's window."""
+
+
+class PromptAlignmentError(PCDError, RuntimeError):
+    """The prompt did not tokenize the way the compiler assumed.
+
+    Scoring misaligned positions would give silently wrong answers, so pcd refuses instead.
+    """
+
+
+class ModelLoadError(PCDError, OSError):
+    """A model name or path could not be resolved or loaded."""
+
+
+class BackendUnavailableError(PCDError, ImportError):
+    """The requested backend's libraries are not installed on this machine."""
+
+
+class OptionError(PCDError, ValueError):
+    """An option passed to pcd is out of range or unknown."""

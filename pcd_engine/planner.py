@@ -1,0 +1,138 @@
+"""Planning: which fields go in which wave, and which tree nodes go in which forward pass.
+
+A *wave* is a set of fields decided together in one tree-packed pass; its decisions are then written into the
+prompt for the waves after it. By default the first field is an *anchor*, decided alone, and every other field
+follows in the next wave; ``depends_on`` adds waves. A *pass* is one forward call: a wave's tree is split into
+several passes only when one would exceed the memory budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pcd_engine.compiler import TokenTree
+from pcd_engine.schema import FieldSpec, Schema
+
+__all__ = ["TreeBatch", "plan_passes", "plan_waves"]
+
+
+def plan_waves(schema: Schema, *, anchor: bool) -> list[list[FieldSpec]]:
+    """Group the schema's fields into waves, in schema order within each wave.
+
+    Args:
+        schema: The compiled schema (dependencies are known to be acyclic).
+        anchor: Decide the first field without dependencies alone, before every other field.
+
+    Returns:
+        The waves, first to last; none is empty.
+    """
+    fields = schema.fields
+    first = next((f.name for f in fields if not f.depends_on), None) if anchor and len(fields) > 1 else None
+    base = 1 if first is not None else 0
+    level: dict[str, int] = {}
+
+    def resolve(spec: FieldSpec) -> int:
+        if spec.name not in level:
+            if spec.name == first:
+                level[spec.name] = 0
+            else:
+                deps = [resolve(schema.field(d)) + 1 for d in spec.depends_on]
+                level[spec.name] = max([base, *deps])
+        return level[spec.name]
+
+    for spec in fields:
+        resolve(spec)
+    waves: list[list[FieldSpec]] = [[] for _ in range(max(level.values()) + 1)]
+    for spec in fields:
+        waves[level[spec.name]].append(spec)
+    return [w for w in waves if w]
+
+
+@dataclass(frozen=True)
+class TreeBatch:
+    """The part of a tree fed to one forward pass.
+
+    Attributes:
+        tokens: Token of each fed node, parents before children.
+        parents: Index into this batch of each fed node's parent, or -1 for a child of the root.
+        depths: Depth of each fed node below the root (0 for children of the root).
+        query_rows: For each query, the batch row whose output distribution it reads; -1 is the last causal
+            token of the pass.
+        query_tokens: For each query, the token whose log-probability is read.
+        query_nodes: For each query, the tree node it gives the log-probability of.
+    """
+
+    tokens: tuple[int, ...]
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    query_rows: tuple[int, ...]
+    query_tokens: tuple[int, ...]
+    query_nodes: tuple[int, ...]
+
+
+def plan_passes(tree: TokenTree, *, max_nodes: int) -> list[TreeBatch]:
+    """Split ``tree`` into forward passes of at most ``max_nodes`` fed nodes each.
+
+    Leaves are taken in depth-first order and each pass holds whole root-to-leaf chains, so a split duplicates
+    only the few ancestors two passes share. Every node's log-probability is queried exactly once; the root's
+    children are queried in the first pass, which carries the causal tokens.
+
+    Args:
+        tree: The compiled tree.
+        max_nodes: The largest number of fed nodes per pass (at least the tree's depth).
+
+    Returns:
+        The passes, in order.
+    """
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        children.setdefault(parent, []).append(node)
+    chains: list[list[int]] = []
+
+    def dfs(node: int, chain: list[int]) -> None:
+        kids = children.get(node, [])
+        if not kids:
+            chains.append(chain)
+            return
+        for kid in kids:
+            dfs(kid, [*chain, node])
+
+    for root_child in children.get(-1, []):
+        dfs(root_child, [])
+    limit = max(max_nodes, max((len(c) for c in chains), default=1))
+    groups: list[list[int]] = []
+    current: dict[int, None] = {}
+    for chain in chains:
+        merged = dict(current)
+        merged.update(dict.fromkeys(chain))
+        if len(merged) > limit and current:
+            groups.append(list(current))
+            merged = dict.fromkeys(chain)
+        current = merged
+    groups.append(list(current))
+
+    batches = []
+    done: set[int] = set()
+    for index, fed in enumerate(groups):
+        fed.sort()  # node ids are topological: parents before children
+        row = {node: i for i, node in enumerate(fed)}
+        query_rows, query_tokens, query_nodes = [], [], []
+        sources = ([-1] if index == 0 else []) + fed
+        for source in sources:
+            for kid in children.get(source, []):
+                if kid not in done:
+                    done.add(kid)
+                    query_rows.append(row.get(source, -1))
+                    query_tokens.append(tree.tokens[kid])
+                    query_nodes.append(kid)
+        batches.append(
+            TreeBatch(
+                tokens=tuple(tree.tokens[n] for n in fed),
+                parents=tuple(row.get(tree.parents[n], -1) for n in fed),
+                depths=tuple(tree.depths[n] for n in fed),
+                query_rows=tuple(query_rows),
+                query_tokens=tuple(query_tokens),
+                query_nodes=tuple(query_nodes),
+            )
+        )
+    return batches

@@ -1,0 +1,183 @@
+"""The prompt: a schema rendered with the model's own chat template, split into a cached head and a tail.
+
+Layout of one request (token boundaries are checked, never assumed)::
+
+    | head (cached per schema)           | document block            | tail       | tree ...
+    | <system turn: keys, labels, docs>  | <user turn: the document> | assistant  |
+    |  ... up to just before the user's  |                           | turn, "{"  |
+    |  text                              |                           |            |
+
+The head depends only on the schema, so its KV cache is prefilled once and reused. The tail starts at the last
+special token of the template (for example ``<|im_start|>``) so that the compiler can tokenize each field's JSON
+line in exactly the context the model sees.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcd_engine.errors import PromptAlignmentError
+from pcd_engine.schema import FieldSpec, Schema
+
+__all__ = ["ChatPrompt", "TokenizerView", "field_line", "render_instructions"]
+
+_SENTINEL = "PCDDOCUMENTSENTINEL"
+_FALLBACK_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% if add_generation_prompt %}Assistant: {% endif %}"
+)
+
+
+class TokenizerView:
+    """The few tokenizer operations pcd needs, over a Hugging Face tokenizer.
+
+    Args:
+        tokenizer: A ``transformers`` tokenizer (a fast one, as every modern checkpoint ships).
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.hf = tokenizer
+        decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self.added_ids = frozenset(int(i) for i in decoder)
+        self.added_text = {int(i): str(getattr(t, "content", t)) for i, t in decoder.items()}
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` with no BOS/EOS added."""
+        return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, with no BOS/EOS added."""
+        if not texts:
+            return []
+        return [list(ids) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and ``(start, end)`` character offsets of each token."""
+        enc = self.hf(text, add_special_tokens=False, return_offsets_mapping=True)
+        return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens kept."""
+        return str(self.hf.decode(list(ids), skip_special_tokens=False))
+
+    @property
+    def eos_ids(self) -> frozenset[int]:
+        """Ids that end a turn: the EOS token plus the template's end-of-turn tokens."""
+        ids = set()
+        if self.hf.eos_token_id is not None:
+            ids.add(int(self.hf.eos_token_id))
+        for i, text in self.added_text.items():
+            if text in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "</s>"):
+                ids.add(i)
+        return frozenset(ids)
+
+
+def render_instructions(schema: Schema) -> str:
+    """The system turn: what the schema is, and every key with its allowed values and description."""
+    lines = []
+    if schema.description:
+        lines.append(schema.description.strip())
+        lines.append("")
+    lines.append(
+        "Read the user's text and answer with one JSON object that has exactly these keys. "
+        "Each key takes exactly one of its allowed values."
+    )
+    lines.append("")
+    for spec in schema.fields:
+        lines.append(_describe(spec))
+    return "\n".join(lines)
+
+
+def _describe(spec: FieldSpec) -> str:
+    key = json.dumps(spec.name, ensure_ascii=False)
+    allowed = "true or false" if spec.kind == "boolean" else "one of " + ", ".join(l.surfaces[0] for l in spec.labels)
+    text = f"- {key}: {allowed}"
+    if spec.description:
+        text += f". {spec.description.strip()}"
+    return text
+
+
+def field_line(name: str, surface: str) -> str:
+    """The JSON line that writes ``surface`` as the value of key ``name``, led by a newline, ended by a comma."""
+    return f"\n  {json.dumps(name, ensure_ascii=False)}: {surface},"
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A schema's prompt, split at the points where its KV cache and its tail begin.
+
+    Attributes:
+        prefix_text: Everything before the document (system turn and the user turn's opening).
+        suffix_text: Everything after the document, up to and including the ``{`` that opens the answer.
+        head_ids: Token ids of the cached head; every request's token ids start with these.
+        boundary_text: The special token where the tail starts, or ``""`` when the template has none.
+        tail_text: The text after ``boundary_text`` up to the end of ``suffix_text``.
+        system_folded: True when the template has no system role and the instructions went into the user turn.
+    """
+
+    prefix_text: str
+    suffix_text: str
+    head_ids: tuple[int, ...]
+    boundary_text: str
+    tail_text: str
+    system_folded: bool
+
+    @classmethod
+    def build(cls, tokenizer: TokenizerView, schema: Schema) -> ChatPrompt:
+        """Render ``schema`` with the tokenizer's chat template and find the head and tail boundaries.
+
+        Templates without a system role get the instructions at the top of the user turn. Qwen3-style thinking
+        is switched off with ``enable_thinking=False``.
+        """
+        system = render_instructions(schema)
+        text, folded = _render(tokenizer, system, _SENTINEL)
+        at = text.index(_SENTINEL)
+        prefix_text, suffix_text = text[:at], text[at + len(_SENTINEL):] + "{"
+        ids, offsets = tokenizer.encode_with_offsets(text)
+        # The head ends one token before the document, so a merge at the seam cannot move its boundary.
+        inside = sum(1 for _, end in offsets if end <= at)
+        head = tuple(ids[: max(0, inside - 1)])
+        boundary, tail = "", suffix_text
+        for i, tok in enumerate(ids):
+            if tok in tokenizer.added_ids and offsets[i][0] >= at + len(_SENTINEL):
+                boundary_start, boundary_end = offsets[i]
+                boundary = text[boundary_start:boundary_end] if boundary_end > boundary_start else tokenizer.added_text[tok]
+                tail = (text + "{")[boundary_start + len(boundary):]
+        return cls(prefix_text, suffix_text, head, boundary, tail, folded)
+
+    def request_ids(self, tokenizer: TokenizerView, document: str) -> list[int]:
+        """Token ids of the full prompt for ``document``, checked to start with the cached head.
+
+        Raises:
+            PromptAlignmentError: If the document changed how the head tokenizes.
+        """
+        ids = tokenizer.encode(self.prefix_text + document + self.suffix_text)
+        if tuple(ids[: len(self.head_ids)]) != self.head_ids:
+            raise PromptAlignmentError(
+                "Prompt head: expected the request to start with the cached schema head tokens, but the document "
+                "changed their tokenization. Strip unusual leading characters from the text."
+            )
+        return ids
+
+
+def _render(tokenizer: TokenizerView, system: str, user: str) -> tuple[str, bool]:
+    hf = tokenizer.hf
+    template = getattr(hf, "chat_template", None) or _FALLBACK_TEMPLATE
+    kwargs = {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False, "chat_template": template}
+    try:
+        text = hf.apply_chat_template(
+            [{"role": "system", "content": system}, {"role": "user", "content": user}], **kwargs
+        )
+        if system in text and user in text:
+            return str(text), False
+    except Exception:  # noqa: BLE001 - templates raise anything ("System role not supported"); fold instead.
+        pass
+    text = hf.apply_chat_template([{"role": "user", "content": system + "\n\n" + user}], **kwargs)
+    if user not in text:
+        raise PromptAlignmentError(
+            "Chat template: expected the rendered prompt to contain the user's text, but the template dropped it."
+        )
+    return str(text), True

@@ -1,0 +1,192 @@
+"""Every decoding strategy, run through the whole engine, equals brute-force enumeration on an oracle LM.
+
+The brute force never sees the trie, the packing or the backend: it tokenizes each complete prompt + JSON line
+as one text, and asks the oracle for each token's probability given everything before it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pcd_engine import Engine, compile_schema
+from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from tests.conftest import OracleBackend, OracleLM
+
+TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
+
+PRESET = {
+    "urgent": {"type": "boolean"},
+    "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
+    "stars": {"type": "enum", "choices": [1, 12, 2, 5]},
+    "tone": {"type": "enum", "choices": ["angry", "angr", "calm", "çalm \"quoted\" \\ back"]},
+    "catalogue": {"type": "enum", "choices": [f"ITEM_{i}" for i in range(40)]},
+    "queue": {"type": "enum", "choices": ["billing"]},
+}
+
+
+def _logsumexp(xs):
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))
+
+
+def enumerate_paths(tokenizer, context_text, spec):
+    """(label, tokens) for each surface, by tokenizing the whole text; and the position where the tree starts."""
+    tv = TokenizerView(tokenizer)
+    out = []
+    for li, label in enumerate(spec.labels):
+        for surface in label.surfaces:
+            line = field_line(spec.name, surface)
+            text = context_text + line + "\n"
+            ids, offsets = tv.encode_with_offsets(text)
+            comma = len(context_text) + len(line) - 1
+            cut = next(i + 1 for i, (_, e) in enumerate(offsets) if e > comma)
+            out.append((li, ids[:cut]))
+    return out
+
+
+def brute_force(lm, paths, strategy, temperature=1.0, switch_at=8):
+    n_labels = max(li for li, _ in paths) + 1
+    depth = 0
+    while all(len(p) > depth and p[depth] == paths[0][1][depth] for _, p in paths):
+        depth += 1
+
+    def lp(seq, i):
+        return lm.logprob(seq[:i], seq[i])
+
+    def exact_scores(subset, start):
+        per = {}
+        for li, seq in subset:
+            per.setdefault(li, []).append(sum(lp(seq, i) for i in range(start, len(seq))))
+        scores = np.full(n_labels, -np.inf)
+        for li, vals in per.items():
+            scores[li] = _logsumexp(vals)
+        return scores
+
+    def softmax(scores):
+        s = np.asarray(scores, dtype=float) / temperature
+        e = np.where(np.isfinite(s), np.exp(s - s[np.isfinite(s)].max()), 0.0)
+        return e / e.sum()
+
+    if strategy == "exact":
+        scores = exact_scores(paths, depth)
+        return int(np.argmax(scores)), softmax(scores), float(np.exp(scores).sum())
+    if strategy == "marginal":
+        prefixes = {}
+        for li, seq in paths:
+            for i in range(depth, len(seq)):
+                if all(other[: i + 1] != seq[: i + 1] for lj, other in paths if lj != li):
+                    prefixes.setdefault(li, {})[tuple(seq[: i + 1])] = sum(lp(seq, j) for j in range(depth, i + 1))
+                    break
+        scores = np.array([_logsumexp(list(prefixes[li].values())) for li in range(n_labels)])
+        return int(np.argmax(scores)), softmax(scores), float(np.exp(scores).sum())
+    # trie walk
+    probs = np.zeros(n_labels)
+
+    def walk(subset, i, weight, greedy):
+        labels = {li for li, _ in subset}
+        if len(labels) <= switch_at:
+            scores = exact_scores(subset, i)
+            probs[:] += weight * softmax(scores)
+            return int(np.argmax(scores)) if greedy else None
+        groups = {}
+        for li, seq in subset:
+            groups.setdefault(seq[i], []).append((li, seq))
+        tokens = list(groups)
+        first = groups[tokens[0]][0][1]
+        child_lp = [lm.logprob(first[:i], t) for t in tokens]
+        shares = softmax(child_lp)
+        best = tokens[int(np.argmax(child_lp))]
+        found = None
+        for t, share in zip(tokens, shares):
+            r = walk(groups[t], i + 1, weight * share, greedy and t == best)
+            if r is not None:
+                found = r
+        return found
+
+    winner = walk(paths, depth, 1.0, True)
+    mass = float(np.exp(exact_scores(paths, depth)).sum())
+    return winner, probs, mass
+
+
+@pytest.fixture()
+def oracle(smol_tokenizer):
+    lm = OracleLM(len(smol_tokenizer))
+    return lm, OracleBackend(smol_tokenizer, lm)
+
+
+@pytest.mark.parametrize("strategy", ["marginal", "exact", "trie_walk", None])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_strategies_equal_brute_force(oracle, smol_tokenizer, strategy, temperature):
+    lm, backend = oracle
+    engine = Engine(backend, anchor=False)
+    out = engine.extract(TEXT, PRESET, strategy=strategy, temperature=temperature)
+    schema = compile_schema(PRESET)
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+    context = prompt.prefix_text + TEXT + prompt.suffix_text
+    for spec in schema.fields:
+        got = out.fields[spec.name]
+        if len(spec.labels) == 1:
+            assert got.method == "fixed" and got.probability == 1.0 and got.candidate_mass is None
+            continue
+        name = strategy or ("marginal" if len(spec.labels) <= 32 else "trie_walk")
+        assert got.method == name
+        winner, probs, mass = brute_force(lm, enumerate_paths(smol_tokenizer, context, spec), name, temperature)
+        assert got.value == spec.labels[winner].value, spec.name
+        assert got.probability == pytest.approx(probs[winner], abs=1e-9)
+        assert got.candidate_mass == pytest.approx(mass, rel=1e-9)
+        by_value = {a.value: a.probability for a in got.alternatives}
+        for li, label in enumerate(spec.labels):
+            if label.value in by_value:
+                assert by_value[label.value] == pytest.approx(probs[li], abs=1e-9)
+
+
+def test_anchor_wave_sees_the_written_answer(oracle, smol_tokenizer):
+    lm, backend = oracle
+    out = Engine(backend, anchor=True).extract(TEXT, PRESET, strategy="exact")
+    schema = compile_schema(PRESET)
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+    first = schema.fields[0]
+    assert out.fields[first.name].wave == 0
+    chosen = next(l for l in first.labels if l.value == out.values[first.name])
+    context = prompt.prefix_text + TEXT + prompt.suffix_text + field_line(first.name, chosen.surfaces[0])
+    spec = schema.field("deadline")
+    winner, probs, _ = brute_force(lm, enumerate_paths(smol_tokenizer, context, spec), "exact")
+    assert out.fields["deadline"].wave == 1
+    assert out.values["deadline"] == spec.labels[winner].value
+    assert out.fields["deadline"].probability == pytest.approx(probs[winner], abs=1e-9)
+
+
+def test_temperature_never_changes_the_winner(oracle):
+    _, backend = oracle
+    engine = Engine(backend, anchor=False)
+    runs = [engine.extract(TEXT, PRESET, temperature=t) for t in (0.1, 1.0, 5.0)]
+    assert all(r.values == runs[0].values for r in runs)
+    cold, _, hot = (r.fields["deadline"].probability for r in runs)
+    assert cold > hot
+
+
+def test_passes_per_request(oracle):
+    _, backend = oracle
+    preset = {**PRESET, "after": {"type": "boolean", "depends_on": ["tone"]}}
+    engine = Engine(backend, anchor=False)
+    engine.extract(TEXT, PRESET)  # head prefill happens once
+    backend.passes.clear()
+    out = engine.extract(TEXT, PRESET)
+    assert out.stats.forward_passes == 1 and len(backend.passes) == 1
+    assert backend.passes[0][0] > 10  # the document rides in the same pass as the tree
+    assert Engine(backend, anchor=False).extract(TEXT, preset).stats.waves == 2
+    anchored = Engine(backend).extract(TEXT, preset)
+    assert anchored.stats.waves == 3 and anchored.fields["after"].wave == 2
+
+
+def test_memory_budget_splits_passes_with_the_same_answers(oracle):
+    _, backend = oracle
+    whole = Engine(backend, anchor=False).extract(TEXT, PRESET)
+    split = Engine(backend, anchor=False, memory_budget_mb=0.05).extract(TEXT, PRESET)
+    assert split.stats.forward_passes > whole.stats.forward_passes
+    assert split.values == whole.values
+    for name in whole.values:
+        assert split.fields[name].probability == pytest.approx(whole.fields[name].probability, abs=1e-12)
