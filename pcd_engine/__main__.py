@@ -1,0 +1,53 @@
+"""``python -m pcd_engine [TEXT]``: one real extraction on the embedded default model, printed as a table."""
+
+from __future__ import annotations
+
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from pcd_engine import Engine, PCDError
+
+
+class Ticket(BaseModel):
+    """A customer support ticket."""
+
+    sentiment: Literal["POSITIVE", "NEUTRAL", "NEGATIVE"]
+    wants_refund: bool = Field(description="Whether the customer asks for money back")
+    deadline: Literal["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]
+
+
+EXAMPLE = (
+    "I was charged twice for order #5521 and nobody answers my emails. Refund the second charge today or I "
+    "will dispute it with my bank."
+)
+
+
+def main(argv: list[str]) -> int:
+    text = " ".join(argv) or EXAMPLE
+    try:
+        engine = Engine.load()
+        out = engine.extract(text, Ticket)
+    except PCDError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(f"text: {text}\n")
+    print(f"{'field':<14} {'value':<10} {'prob':>6} {'mass':>6}  alternatives")
+    for f in out.fields.values():
+        alts = ", ".join(f"{a.value}={a.probability:.2f}" for a in f.alternatives[1:3])
+        mass = "-" if f.candidate_mass is None else f"{f.candidate_mass:.2f}"
+        print(f"{f.name:<14} {str(f.value):<10} {f.probability:>6.2f} {mass:>6}  {alts}")
+    print(f"\nmodel: {out.model!r}")
+    s = out.stats
+    print(
+        f"forward passes: {s.forward_passes}, waves: {s.waves}, prompt tokens: {s.prompt_tokens} "
+        f"({s.cached_tokens} cached), tree nodes: {s.nodes_scored}, total: {s.phases_ms['total']:.0f} ms"
+    )
+    for w in out.warnings:
+        print(f"warning: {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

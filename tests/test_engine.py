@@ -1,0 +1,221 @@
+"""The Engine on tiny random models: results, bad input, awkward input, chat templates and caches."""
+
+from __future__ import annotations
+
+import copy
+import enum
+from typing import Literal
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field
+
+from pcd_engine import ContextError, Engine, OptionError, SchemaError
+from pcd_engine.backends.torch import TorchBackend
+from pcd_engine.compiler import compile_wave
+from pcd_engine.planner import plan_passes
+from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.schema import compile_schema
+from tests.conftest import template_tokenizer, tiny_model
+from tests.test_conformance_torch import check_against_brute_force
+
+TEXT = "Hi, I was billed twice for order 5521. Please refund the second charge by tomorrow."
+
+
+class Mood(str, enum.Enum):
+    HAPPY = "happy"
+    SAD = "sad"
+
+
+class Ticket(BaseModel):
+    """A support ticket."""
+
+    sentiment: Literal["POSITIVE", "NEUTRAL", "NEGATIVE"]
+    wants_refund: bool = Field(description="Whether the customer asks for money back")
+    deadline: Literal["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]
+    mood: Mood
+    stars: Literal[1, 2, 3, 4, 5]
+
+
+@pytest.fixture(scope="module")
+def engine(smol_tokenizer):
+    return Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))
+
+
+def test_result_shape(engine):
+    out = engine.extract(TEXT, Ticket)
+    assert list(out.values) == ["sentiment", "wants_refund", "deadline", "mood", "stars"]
+    assert isinstance(out.values["wants_refund"], bool)
+    assert out.values["mood"] in ("happy", "sad")
+    model = out.model
+    assert isinstance(model, Ticket) and isinstance(model.mood, Mood)
+    for name, field in out.fields.items():
+        spec = out.schema.field(name)
+        assert field.value in spec.values
+        assert 0.0 < field.probability <= 1.0
+        assert 0.0 < field.candidate_mass <= 1.0 + 1e-9
+        assert field.method == "marginal"
+        probs = [a.probability for a in field.alternatives]
+        assert probs == sorted(probs, reverse=True)
+        assert field.alternatives[0].value == field.value
+        assert sum(probs) == pytest.approx(1.0) or len(probs) == engine.options.top_k
+    assert out.fields["sentiment"].wave == 0 and out.fields["stars"].wave == 1
+    stats = out.stats
+    assert stats.prompt_tokens > stats.cached_tokens > 0
+    assert stats.nodes_scored > 0 and stats.waves == 2
+    assert set(stats.phases_ms) == {"tokenize", "prefill", "compile", "forward", "decode", "total"}
+
+
+def test_low_confidence_thresholds(engine):
+    out = engine.extract(TEXT, Ticket)
+    assert out.low_confidence(min_probability=0.0, min_candidate_mass=0.0) == []
+    everything = out.low_confidence(min_probability=1.01)
+    assert [f.name for f in everything] == list(out.values)
+
+
+def test_extract_many_in_order(engine):
+    texts = [TEXT, "Great service, thanks!", "Where is my parcel?"]
+    many = engine.extract_many(texts, Ticket)
+    assert [m.values for m in many] == [engine.extract(t, Ticket).values for t in texts]
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", None, 12])
+def test_empty_or_non_text(engine, text):
+    before = engine.backend.forward_passes
+    with pytest.raises(ContextError, match="Context: expected text to"):
+        engine.extract(text, Ticket)
+    assert engine.backend.forward_passes == before
+
+
+def test_extract_many_checks_every_text_first(engine):
+    before = engine.backend.forward_passes
+    with pytest.raises(ContextError, match=r"texts\[1\]"):
+        engine.extract_many([TEXT, " "], Ticket)
+    assert engine.backend.forward_passes == before
+
+
+def test_context_longer_than_window(engine):
+    long_text = "word " * 5000
+    with pytest.raises(ContextError, match=r"window of 4096 tokens, but it needs \d+ tokens"):
+        engine.extract(long_text, Ticket)
+    assert engine.extract(TEXT, Ticket).values  # nothing half-done: the engine still works
+
+
+def test_bad_schema_before_model_work(engine):
+    class Bad(BaseModel):
+        name: str
+
+    before = engine.backend.forward_passes
+    with pytest.raises(SchemaError, match="Field 'name': expected a bool, Literal or Enum type, but got str"):
+        engine.extract(TEXT, Bad)
+    assert engine.backend.forward_passes == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [({"temperature": 0}, "temperature: expected a number > 0"), ({"strategy": "beam"}, "Strategy: expected one of")],
+)
+def test_bad_options(engine, kwargs, match):
+    with pytest.raises(OptionError, match=match):
+        engine.extract(TEXT, Ticket, **kwargs)
+
+
+def test_bad_engine_options(engine):
+    with pytest.raises(OptionError, match="Known options"):
+        Engine(engine.backend, colour="red")
+    with pytest.raises(OptionError, match="head_cache_size"):
+        Engine(engine.backend, head_cache_size=0)
+
+
+AWKWARD = {
+    "schema": {"type": "enum", "choices": ["ü-ñ", 'say "hi"', "back\\slash", "日本語"]},
+    "properties": {"type": "boolean"},
+    "type": {"type": "enum", "choices": [1, 10, 100, 2]},
+    "tone": {"type": "enum", "choices": ["angr", "angry", "an"]},
+    "single": {"type": "enum", "choices": ["only"]},
+}
+
+
+def test_awkward_but_valid(engine):
+    engine.extract(TEXT, AWKWARD, anchor=False)  # warm the head cache
+    out = engine.extract("Ça coûte 10 €, \"vraiment\" \\ trop.", AWKWARD, anchor=False)
+    schema = compile_schema(AWKWARD)
+    for spec in schema.fields:
+        assert out.values[spec.name] in spec.values
+    assert out.fields["single"].method == "fixed" and out.values["single"] == "only"
+    assert out.stats.forward_passes == 1
+
+
+def test_awkward_labels_packed_equal_brute_force(engine):
+    backend = engine.backend
+    tv = TokenizerView(backend.tokenizer)
+    schema = compile_schema(AWKWARD)
+    fields = [f for f in schema.fields if len(f.labels) > 1]
+    prompt = ChatPrompt.build(tv, schema)
+    ids = prompt.request_ids(tv, TEXT)
+    wave = compile_wave(tv, fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
+    state = backend.start(backend.prefill(prompt.head_ids))
+    logprobs = np.zeros(len(wave.tree))
+    batch = plan_passes(wave.tree, max_nodes=10_000)[0]
+    logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=ids[len(prompt.head_ids):causal_end], batch=batch)
+    check_against_brute_force(backend, wave, ids[:causal_end], logprobs)
+
+
+def test_head_cache_is_bounded_and_reused(smol_tokenizer, engine):
+    small = Engine(engine.backend, head_cache_size=1)
+    other = {"x": {"type": "boolean"}}
+    first = small.extract(TEXT, Ticket)
+    again = small.extract(TEXT, Ticket)
+    assert first.stats.forward_passes == again.stats.forward_passes + 1  # the head prefill is not repeated
+    small.extract(TEXT, other)
+    evicted = small.extract(TEXT, Ticket)
+    assert evicted.stats.forward_passes == first.stats.forward_passes
+    assert again.values == first.values
+
+
+# ------------------------------------------------------------------------------------------ chat templates
+
+
+@pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma3"])
+def test_real_chat_templates(name):
+    tokenizer = template_tokenizer(name)
+    arch = {"qwen3": "qwen3", "llama3": "llama", "gemma3": "gemma3"}[name]
+    backend = TorchBackend(tiny_model(arch, len(tokenizer)), tokenizer)
+    engine = Engine(backend, anchor=False)
+    out = engine.extract(TEXT, Ticket)
+    assert out.stats.forward_passes == 2  # head prefill + one pass
+    tv = TokenizerView(tokenizer)
+    schema = compile_schema(Ticket)
+    prompt = ChatPrompt.build(tv, schema)
+    text = tv.decode(prompt.request_ids(tv, TEXT))
+    assert "wants_refund" in text and TEXT in text
+    if name == "qwen3":
+        assert "<think>\n\n</think>" in prompt.suffix_text  # thinking is switched off
+    ids = prompt.request_ids(tv, TEXT)
+    wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
+    state = backend.start(backend.prefill(prompt.head_ids))
+    batch = plan_passes(wave.tree, max_nodes=10_000)[0]
+    logprobs = np.zeros(len(wave.tree))
+    logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=ids[len(prompt.head_ids):causal_end], batch=batch)
+    check_against_brute_force(backend, wave, ids[:causal_end], logprobs)
+
+
+NO_SYSTEM = (
+    "{{ bos_token }}{% for m in messages %}{% if m['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_template_without_system_role(smol_tokenizer, engine):
+    tokenizer = copy.deepcopy(smol_tokenizer)
+    tokenizer.chat_template = NO_SYSTEM
+    folded = Engine(TorchBackend(engine.backend.model, tokenizer))
+    out = folded.extract(TEXT, Ticket)
+    assert any("no system role" in w for w in out.warnings)
+    prompt = ChatPrompt.build(TokenizerView(tokenizer), compile_schema(Ticket))
+    assert prompt.system_folded and "wants_refund" in prompt.prefix_text
+    assert len(prompt.head_ids) > 20  # the instructions are still cached

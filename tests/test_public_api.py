@@ -1,0 +1,68 @@
+"""The public API is pinned: adding or removing a name is a deliberate change to this test."""
+
+import pcd_engine
+import pcd_engine.backends
+import pcd_integrations
+
+EXPECTED_ENGINE = [
+    "ALIASES",
+    "DEFAULT_MODEL",
+    "Alternative",
+    "BackendUnavailableError",
+    "BaselineResult",
+    "ContextError",
+    "Decision",
+    "Engine",
+    "EngineOptions",
+    "Exact",
+    "ExtractionResult",
+    "ExtractionStats",
+    "FieldResult",
+    "FieldSpec",
+    "Fixed",
+    "Label",
+    "Marginal",
+    "ModelLoadError",
+    "OptionError",
+    "PCDError",
+    "Preset",
+    "PromptAlignmentError",
+    "Schema",
+    "SchemaError",
+    "Strategy",
+    "TrieWalk",
+    "__version__",
+    "compile_schema",
+    "default_model_path",
+    "generate_baseline",
+    "load_preset",
+]
+
+
+def test_engine_all():
+    assert sorted(pcd_engine.__all__) == sorted(EXPECTED_ENGINE)
+    for name in pcd_engine.__all__:
+        assert hasattr(pcd_engine, name)
+
+
+def test_backends_all():
+    assert sorted(pcd_engine.backends.__all__) == ["Backend", "Prefix", "RequestState"]
+
+
+def test_integrations_all():
+    assert pcd_integrations.__all__ == []
+
+
+def test_core_does_not_import_torch_at_import_time():
+    import subprocess
+    import sys
+
+    code = "import sys, pcd_engine, pcd_engine.engine; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "False False"
+
+
+def test_errors_share_one_base():
+    for name in ["SchemaError", "ContextError", "PromptAlignmentError", "ModelLoadError", "OptionError",
+                 "BackendUnavailableError"]:
+        assert issubclass(getattr(pcd_engine, name), pcd_engine.PCDError)

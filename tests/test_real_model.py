@@ -1,0 +1,94 @@
+"""End to end on the embedded SmolLM2-135M-Instruct: load offline, extract every example preset, and check the
+decisions against brute-force scoring of each label by the same model."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Literal
+
+import numpy as np
+import pytest
+from pydantic import BaseModel, Field
+
+from pcd_engine import generate_baseline, load_preset
+from pcd_engine.examples import EXAMPLE_PRESETS, example_preset, example_preset_path
+from pcd_engine.prompt import ChatPrompt
+from tests.test_conformance_torch import brute_force
+from tests.test_decoding_oracle import enumerate_paths
+
+pytestmark = pytest.mark.real_model
+
+
+class Ticket(BaseModel):
+    sentiment: Literal["POSITIVE", "NEUTRAL", "NEGATIVE"]
+    wants_refund: bool = Field(description="Whether the customer asks for money back")
+    deadline: Literal["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]
+
+
+def _common(seqs):
+    n = min(len(s) for s in seqs)
+    i = 0
+    while i < n and all(s[i] == seqs[0][i] for s in seqs):
+        i += 1
+    return i
+
+
+def test_default_model_loads_offline(default_engine):
+    assert default_engine.backend.scorer == "packed"
+    assert default_engine.backend.model.config.model_type == "llama"
+    out = default_engine.extract("I was charged twice and I want my money back tonight!", Ticket)
+    assert isinstance(out.model, Ticket)
+    assert set(out.values) == {"sentiment", "wants_refund", "deadline"}
+
+
+@pytest.mark.parametrize("name", EXAMPLE_PRESETS)
+def test_presets_equal_brute_force(default_engine, name):
+    # Without depends_on and anchor every field sees the same context: one wave, one pass.
+    raw = json.loads(example_preset_path(name).read_text())
+    for spec in raw["schema"].values():
+        spec.pop("depends_on", None)
+    preset = load_preset(raw)
+    out = default_engine.extract(preset.context, preset.schema, anchor=False, strategy="exact")
+    assert out.stats.forward_passes <= 2  # head prefill (first use) + ONE pass
+    assert out.stats.waves == 1
+    prompt = ChatPrompt.build(default_engine.tokenizer, preset.schema)
+    context = prompt.prefix_text + preset.context.strip() + prompt.suffix_text
+    tokenizer = default_engine.tokenizer.hf
+    per_field = {spec.name: enumerate_paths(tokenizer, context, spec) for spec in preset.schema.fields if len(spec.labels) > 1}
+    every = [seq for paths in per_field.values() for _, seq in paths]
+    shared = _common(every)
+    tails = brute_force(default_engine.backend, every[0][:shared], [seq[shared:] for seq in every])
+    by_seq = {tuple(seq): lp for seq, lp in zip(every, tails)}
+    for spec in preset.schema.fields:
+        if spec.name not in per_field:
+            continue
+        paths = per_field[spec.name]
+        depth = _common([seq for _, seq in paths]) - shared
+        scores = np.full(len(spec.labels), -math.inf)
+        for label, seq in paths:
+            scores[label] = np.logaddexp(scores[label], by_seq[tuple(seq)][depth:].sum())
+        probs = np.exp(scores - scores.max())
+        probs /= probs.sum()
+        got = out.fields[spec.name]
+        assert got.value == spec.labels[int(np.argmax(scores))].value, spec.name
+        assert got.probability == pytest.approx(float(probs.max()), abs=1e-3), spec.name
+        assert got.candidate_mass == pytest.approx(float(np.exp(scores).sum()), rel=1e-3), spec.name
+
+
+@pytest.mark.parametrize("name", EXAMPLE_PRESETS)
+def test_presets_default_settings(default_engine, name):
+    preset = example_preset(name)
+    out = default_engine.extract(preset.context, preset.schema)
+    for spec in preset.schema.fields:
+        assert out.values[spec.name] in spec.values
+    assert out.stats.waves >= 2
+
+
+def test_baseline_reports_validity(default_engine):
+    preset = example_preset("support_triage")
+    result = generate_baseline(default_engine, preset.context, preset.schema, max_new_tokens=40)
+    assert result.text.startswith("{")
+    assert result.tokens <= 40 and result.forward_passes == result.tokens
+    assert result.valid == (not result.errors)
+    assert not result.valid  # 40 tokens cannot hold 28 fields
