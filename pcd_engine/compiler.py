@@ -148,7 +148,8 @@ def compile_wave(
     encoded = tokenizer.hf(texts, add_special_tokens=False, return_offsets_mapping=True)
     cut_paths: list[list[int]] = []
     start = len(base)
-    for (f, _li, _si, line), ids, offsets in zip(entries, encoded["input_ids"], encoded["offset_mapping"]):
+    rows = zip(entries, encoded["input_ids"], encoded["offset_mapping"], strict=True)
+    for (f, _li, _si, line), ids, offsets in rows:
         comma = len(prefix) + len(line) - 1
         cut = next((i + 1 for i, (_s, e) in enumerate(offsets) if e > comma), None)
         if cut is None:
@@ -160,7 +161,8 @@ def compile_wave(
         start = min(start, _common_prefix(base, ids))
     if start < skip:
         raise PromptAlignmentError(
-            f"Prompt tail: expected the lines to leave the boundary token {boundary_text!r} intact, but they changed it."
+            f"Prompt tail: expected the lines to leave the boundary token {boundary_text!r} intact, but they "
+            "changed it."
         )
 
     node_of: dict[tuple[int, ...], int] = {}
@@ -169,7 +171,7 @@ def compile_wave(
     depths: list[int] = []
     has_child: list[bool] = []
     per_field: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in fields]
-    for (f, li, si, _line), ids in zip(entries, cut_paths):
+    for (f, li, si, _line), ids in zip(entries, cut_paths, strict=False):
         rel = ids[start:]
         if not rel:
             raise PromptAlignmentError(f"Field {fields[f].name!r}: expected value tokens after the tail, but got none.")
@@ -192,10 +194,10 @@ def compile_wave(
         per_field[f].append((li, si, tuple(nodes)))
 
     tries = []
-    for spec, items in zip(fields, per_field):
-        leaves = {nodes[-1] for *_, nodes in items}
-        for *_, nodes in items:
-            if any(n in leaves for n in nodes[:-1]):
+    for spec, items in zip(fields, per_field, strict=False):
+        leaves = {chain[-1] for *_, chain in items}
+        for *_, chain in items:
+            if any(n in leaves for n in chain[:-1]):
                 raise PromptAlignmentError(
                     f"Field {spec.name!r}: expected no label's tokens to be a prefix of another's, but the tokenizer "
                     "produced one. Rename the labels."
@@ -206,13 +208,13 @@ def compile_wave(
                 depth = i
                 break
         labels_under: dict[int, set[int]] = {}
-        for li, _si, nodes in items:
-            for node in nodes[depth:]:
+        for li, _si, chain in items:
+            for node in chain[depth:]:
                 labels_under.setdefault(node, set()).add(li)
         paths = []
-        for li, si, nodes in items:
-            ident = next(i for i in range(depth, len(nodes)) if labels_under[nodes[i]] == {li})
-            paths.append(LabelPath(li, si, nodes, ident))
+        for li, si, chain in items:
+            ident = next(i for i in range(depth, len(chain)) if labels_under[chain[i]] == {li})
+            paths.append(LabelPath(li, si, chain, ident))
         tries.append(FieldTrie(spec, tuple(paths), depth))
 
     tree = TokenTree(

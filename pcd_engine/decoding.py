@@ -185,7 +185,7 @@ class TrieWalk(Strategy):
         split = _softmax(np.array([logprobs[c] for c in children], dtype=float), temperature)
         best = children[int(np.argmax([logprobs[c] for c in children]))]
         winner = None
-        for child, share in zip(children, split):
+        for child, share in zip(children, split, strict=False):
             found = self._walk(
                 trie, logprobs, groups[child], depth + 1, weight * share, temperature, probs, greedy and child == best
             )

@@ -204,7 +204,8 @@ class Engine:
                 cw = self._compile(compiled, scored, tail_text)
                 if cw.tail_ids[: len(committed)] != committed or cw.causal_len < len(committed):
                     raise PromptAlignmentError(
-                        f"Wave {index}: expected the written answers to extend the tail's tokens, but they re-tokenized "
+                        f"Wave {index}: expected the written answers to extend the tail's tokens, but they "
+                        "re-tokenized "
                         "the text before them."
                     )
                 pending.extend(cw.tail_ids[len(committed) : cw.causal_len])

@@ -106,7 +106,7 @@ def default_model_path() -> Path:
         # The weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors.
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        model.hf_quantizer = None
+        setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is not typed as optional
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"

@@ -135,7 +135,7 @@ class ChatPrompt:
         system = render_instructions(schema)
         text, folded = _render(tokenizer, system, _SENTINEL)
         at = text.index(_SENTINEL)
-        prefix_text, suffix_text = text[:at], text[at + len(_SENTINEL):] + "{"
+        prefix_text, suffix_text = text[:at], text[at + len(_SENTINEL) :] + "{"
         ids, offsets = tokenizer.encode_with_offsets(text)
         # The head ends one token before the document, so a merge at the seam cannot move its boundary.
         inside = sum(1 for _, end in offsets if end <= at)
@@ -144,8 +144,10 @@ class ChatPrompt:
         for i, tok in enumerate(ids):
             if tok in tokenizer.added_ids and offsets[i][0] >= at + len(_SENTINEL):
                 boundary_start, boundary_end = offsets[i]
-                boundary = text[boundary_start:boundary_end] if boundary_end > boundary_start else tokenizer.added_text[tok]
-                tail = (text + "{")[boundary_start + len(boundary):]
+                boundary = (
+                    text[boundary_start:boundary_end] if boundary_end > boundary_start else tokenizer.added_text[tok]
+                )
+                tail = (text + "{")[boundary_start + len(boundary) :]
         return cls(prefix_text, suffix_text, head, boundary, tail, folded)
 
     def request_ids(self, tokenizer: TokenizerView, document: str) -> list[int]:

@@ -94,9 +94,10 @@ class ExtractionResult:
     @property
     def model(self) -> Any:
         """The values validated into the schema's Pydantic model, or ``None`` when it has none."""
-        if self.schema.model is None:
+        model: Any = self.schema.model
+        if model is None:
             return None
-        return self.schema.model.model_validate(self.values)
+        return model.model_validate(self.values)
 
     def low_confidence(self, *, min_probability: float = 0.5, min_candidate_mass: float = 0.2) -> list[FieldResult]:
         """Fields whose probability or candidate mass is below a threshold.

@@ -33,7 +33,7 @@ __all__ = [
     "load_preset",
 ]
 
-LabelValue = Union[str, int, bool]
+LabelValue = str | int | bool
 _PRESET_TYPES = ("enum", "boolean")
 _PRESET_FILE_KEYS = {"title", "schema", "context", "description"}
 
@@ -139,7 +139,9 @@ def _label(value: Any, *, field_name: str) -> Label:
 
 def _labels(values: Sequence[Any], *, field_name: str) -> tuple[Label, ...]:
     if len(values) == 0:
-        raise SchemaError(f"Field {field_name!r}: expected at least one allowed value, but got an empty list of choices.")
+        raise SchemaError(
+            f"Field {field_name!r}: expected at least one allowed value, but got an empty list of choices."
+        )
     labels = tuple(_label(v, field_name=field_name) for v in values)
     seen: dict[Any, Any] = {}
     for v in values:
@@ -192,9 +194,7 @@ def _from_annotation(name: str, annotation: Any, description: str | None) -> Fie
     hint = "Use a Literal[...] of the allowed values."
     if origin in (Union, types.UnionType):
         hint = "Optional and union fields are not supported yet; use a Literal[...] that includes a 'NONE' label."
-    raise SchemaError(
-        f"Field {name!r}: expected a bool, Literal or Enum type, but got {received}. {hint}"
-    )
+    raise SchemaError(f"Field {name!r}: expected a bool, Literal or Enum type, but got {received}. {hint}")
 
 
 def _from_pydantic(model: type) -> Schema:
@@ -227,9 +227,7 @@ def _resolve(node: Mapping[str, Any], root: Mapping[str, Any], *, field_name: st
     if "$ref" in node:
         ref = node["$ref"]
         if not isinstance(ref, str) or not ref.startswith("#/"):
-            raise SchemaError(
-                f"Field {field_name!r}: expected a local $ref like '#/$defs/Name', but got {ref!r}."
-            )
+            raise SchemaError(f"Field {field_name!r}: expected a local $ref like '#/$defs/Name', but got {ref!r}.")
         target: Any = root
         for part in ref[2:].split("/"):
             part = part.replace("~1", "/").replace("~0", "~")
@@ -323,7 +321,9 @@ def _from_preset(preset: Mapping[str, Any], *, title: str, description: str | No
             )
         depends_on = spec.get("depends_on") or ()
         if isinstance(depends_on, str) or not isinstance(depends_on, Sequence):
-            raise SchemaError(f"Field {name!r}: expected depends_on to be a list of field names, but got {depends_on!r}.")
+            raise SchemaError(
+                f"Field {name!r}: expected depends_on to be a list of field names, but got {depends_on!r}."
+            )
         if kind == "boolean":
             specs.append(_boolean(name, spec.get("description"), depends_on))
         elif kind == "enum":
@@ -366,7 +366,9 @@ def load_preset(source: str | Path | Mapping[str, Any]) -> Preset:
         except json.JSONDecodeError as exc:
             raise SchemaError(f"{where}: expected valid JSON, but got a parse error: {exc}.") from None
     if not isinstance(data, Mapping) or not isinstance(data.get("schema"), Mapping):
-        raise SchemaError(f"{where}: expected a dict with a 'schema' dict, 'title' and 'context', but got {type(data).__name__}.")
+        raise SchemaError(
+            f"{where}: expected a dict with a 'schema' dict, 'title' and 'context', but got {type(data).__name__}."
+        )
     title = data.get("title") or "Preset"
     inner = data["schema"]
     if all(_is_preset_field(v) for v in inner.values()) and inner:
@@ -389,7 +391,9 @@ def _finish(title: str, description: str | None, specs: list[FieldSpec], *, mode
     for spec in specs:
         for dep in spec.depends_on:
             if dep == spec.name:
-                raise SchemaError(f"Field {spec.name!r}: expected depends_on to name other fields, but it names itself.")
+                raise SchemaError(
+                    f"Field {spec.name!r}: expected depends_on to name other fields, but it names itself."
+                )
             if dep not in names:
                 raise SchemaError(
                     f"Field {spec.name!r}: expected depends_on to name fields of this schema, but got {dep!r}. "
@@ -397,7 +401,11 @@ def _finish(title: str, description: str | None, specs: list[FieldSpec], *, mode
                 )
     _check_acyclic(specs)
     payload = json.dumps(
-        [title, description, [[s.name, s.kind, [l.surfaces for l in s.labels], s.description, s.depends_on] for s in specs]],
+        [
+            title,
+            description,
+            [[s.name, s.kind, [l.surfaces for l in s.labels], s.description, s.depends_on] for s in specs],
+        ],
         ensure_ascii=False,
     )
     fingerprint = hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
@@ -412,7 +420,7 @@ def _check_acyclic(specs: list[FieldSpec]) -> None:
         if state.get(name) == 2:
             return
         if state.get(name) == 1:
-            cycle = " -> ".join([*trail[trail.index(name):], name])
+            cycle = " -> ".join([*trail[trail.index(name) :], name])
             raise SchemaError(f"Field {name!r}: expected depends_on without cycles, but got {cycle}.")
         state[name] = 1
         for dep in deps[name]:
@@ -458,5 +466,6 @@ def compile_schema(schema: Any) -> Schema:
             f"Schema: expected a Pydantic v2 model class, but got class {schema.__name__}. Subclass pydantic.BaseModel."
         )
     raise SchemaError(
-        f"Schema: expected a Pydantic model class, a JSON Schema dict or a preset dict, but got {type(schema).__name__}."
+        "Schema: expected a Pydantic model class, a JSON Schema dict or a preset dict, but got "
+        f"{type(schema).__name__}."
     )

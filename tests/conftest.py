@@ -19,6 +19,10 @@ import pytest
 from pcd_engine.backends.base import Backend, Prefix, RequestState
 from pcd_engine.planner import TreeBatch
 
+# No test may reach the Hugging Face Hub: set before transformers / huggingface_hub are imported.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / ".cache" / "tokenizers"
 
@@ -185,7 +189,9 @@ class OracleBackend(Backend):
             out.append(self.lm.logprob(state.ids + chain[::-1], token))
         return np.array(out)
 
-    def generate_greedy(self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]) -> list[int]:
+    def generate_greedy(
+        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
+    ) -> list[int]:
         out: list[int] = []
         for _ in range(max_new_tokens):
             self.forward_passes += 1
@@ -204,6 +210,3 @@ def default_engine(smol_path: Path) -> Any:
 
     return Engine.load()
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -54,9 +54,11 @@ def brute_force(backend: TorchBackend, prefix_ids: list[int], paths: list[list[i
         scores = [float(root[path[0]])]
         if len(path) > 1:
             with torch.no_grad():
-                logits = model(
-                    input_ids=torch.tensor([path[:-1]]), cache=copy.deepcopy(cache), use_cache=True
-                ).logits[0].double()
+                logits = (
+                    model(input_ids=torch.tensor([path[:-1]]), cache=copy.deepcopy(cache), use_cache=True)
+                    .logits[0]
+                    .double()
+                )
             logp = torch.log_softmax(logits, dim=-1)
             scores += [float(logp[i, t]) for i, t in enumerate(path[1:])]
         out.append(np.array(scores))
@@ -76,12 +78,12 @@ def packed_logprobs(backend: TorchBackend, preset: dict, *, max_nodes: int = 10_
     prompt = ChatPrompt.build(tv, schema)
     ids = prompt.request_ids(tv, TEXT)
     wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
-    assert tuple(ids[len(ids) - len(wave.tail_ids):]) == wave.tail_ids
+    assert tuple(ids[len(ids) - len(wave.tail_ids) :]) == wave.tail_ids
     causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
     prefix = backend.prefill(prompt.head_ids)
     snapshot = [(layer.keys.clone(), layer.values.clone()) for layer in prefix.cache.layers]
     state = backend.start(prefix)
-    pending = ids[len(prompt.head_ids):causal_end]
+    pending = ids[len(prompt.head_ids) : causal_end]
     logprobs = np.full(len(wave.tree), np.nan)
     passes = plan_passes(wave.tree, max_nodes=max_nodes)
     for batch in passes:
@@ -137,8 +139,12 @@ def test_second_wave_matches_brute_force(backend):
     second = compile_wave(tv, schema.fields[1:], boundary_text=prompt.boundary_text, tail_text=tail)
     base = len(ids) - len(first.tail_ids)
     state = backend.start(backend.prefill(prompt.head_ids))
-    backend.score_tree(state, causal=ids[len(prompt.head_ids):base + first.causal_len], batch=plan_passes(first.tree, max_nodes=999)[0])
-    causal = list(second.tail_ids[first.causal_len:second.causal_len])
+    backend.score_tree(
+        state,
+        causal=ids[len(prompt.head_ids) : base + first.causal_len],
+        batch=plan_passes(first.tree, max_nodes=999)[0],
+    )
+    causal = list(second.tail_ids[first.causal_len : second.causal_len])
     batch = plan_passes(second.tree, max_nodes=999)[0]
     logprobs = np.zeros(len(second.tree))
     logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=causal, batch=batch)

@@ -21,7 +21,7 @@ PRESET = {
     "urgent": {"type": "boolean"},
     "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
     "stars": {"type": "enum", "choices": [1, 12, 2, 5]},
-    "tone": {"type": "enum", "choices": ["angry", "angr", "calm", "çalm \"quoted\" \\ back"]},
+    "tone": {"type": "enum", "choices": ["angry", "angr", "calm", 'çalm "quoted" \\ back']},
     "catalogue": {"type": "enum", "choices": [f"ITEM_{i}" for i in range(40)]},
     "queue": {"type": "enum", "choices": ["billing"]},
 }

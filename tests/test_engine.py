@@ -138,7 +138,7 @@ AWKWARD = {
 
 def test_awkward_but_valid(engine):
     engine.extract(TEXT, AWKWARD, anchor=False)  # warm the head cache
-    out = engine.extract("Ça coûte 10 €, \"vraiment\" \\ trop.", AWKWARD, anchor=False)
+    out = engine.extract('Ça coûte 10 €, "vraiment" \\ trop.', AWKWARD, anchor=False)
     schema = compile_schema(AWKWARD)
     for spec in schema.fields:
         assert out.values[spec.name] in spec.values
@@ -158,7 +158,9 @@ def test_awkward_labels_packed_equal_brute_force(engine):
     state = backend.start(backend.prefill(prompt.head_ids))
     logprobs = np.zeros(len(wave.tree))
     batch = plan_passes(wave.tree, max_nodes=10_000)[0]
-    logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=ids[len(prompt.head_ids):causal_end], batch=batch)
+    logprobs[list(batch.query_nodes)] = backend.score_tree(
+        state, causal=ids[len(prompt.head_ids) : causal_end], batch=batch
+    )
     check_against_brute_force(backend, wave, ids[:causal_end], logprobs)
 
 
@@ -198,7 +200,9 @@ def test_real_chat_templates(name):
     state = backend.start(backend.prefill(prompt.head_ids))
     batch = plan_passes(wave.tree, max_nodes=10_000)[0]
     logprobs = np.zeros(len(wave.tree))
-    logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=ids[len(prompt.head_ids):causal_end], batch=batch)
+    logprobs[list(batch.query_nodes)] = backend.score_tree(
+        state, causal=ids[len(prompt.head_ids) : causal_end], batch=batch
+    )
     check_against_brute_force(backend, wave, ids[:causal_end], logprobs)
 
 

@@ -63,6 +63,12 @@ def test_core_does_not_import_torch_at_import_time():
 
 
 def test_errors_share_one_base():
-    for name in ["SchemaError", "ContextError", "PromptAlignmentError", "ModelLoadError", "OptionError",
-                 "BackendUnavailableError"]:
+    for name in [
+        "SchemaError",
+        "ContextError",
+        "PromptAlignmentError",
+        "ModelLoadError",
+        "OptionError",
+        "BackendUnavailableError",
+    ]:
         assert issubclass(getattr(pcd_engine, name), pcd_engine.PCDError)

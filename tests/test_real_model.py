@@ -55,7 +55,9 @@ def test_presets_equal_brute_force(default_engine, name):
     prompt = ChatPrompt.build(default_engine.tokenizer, preset.schema)
     context = prompt.prefix_text + preset.context.strip() + prompt.suffix_text
     tokenizer = default_engine.tokenizer.hf
-    per_field = {spec.name: enumerate_paths(tokenizer, context, spec) for spec in preset.schema.fields if len(spec.labels) > 1}
+    per_field = {
+        spec.name: enumerate_paths(tokenizer, context, spec) for spec in preset.schema.fields if len(spec.labels) > 1
+    }
     every = [seq for paths in per_field.values() for _, seq in paths]
     shared = _common(every)
     tails = brute_force(default_engine.backend, every[0][:shared], [seq[shared:] for seq in every])

@@ -108,7 +108,7 @@ class Address(BaseModel):
 
 @pytest.mark.parametrize(
     ("annotation", "received"),
-    [(str, "got str"), (int, "got int"), (Address, "got Address"), (Optional[Literal["a"]], "Optional")],
+    [(str, "got str"), (int, "got int"), (Address, "got Address"), (Optional[Literal["a"]], "Optional")],  # noqa: UP045
 )
 def test_unsupported_pydantic_fields(annotation, received):
     model = type("M", (BaseModel,), {"__annotations__": {"good": bool, "bad": annotation}})
@@ -120,11 +120,20 @@ def test_unsupported_pydantic_fields(annotation, received):
     ("preset", "match"),
     [
         ({"x": {"type": "enum", "choices": []}}, r"Field 'x': expected at least one allowed value, but got an empty"),
-        ({"x": {"type": "enum", "choices": ["a", "a"]}}, r"Field 'x': expected distinct allowed values, but got 'a' twice"),
+        (
+            {"x": {"type": "enum", "choices": ["a", "a"]}},
+            r"Field 'x': expected distinct allowed values, but got 'a' twice",
+        ),
         ({"x": {"type": "enum", "choices": ["a", " a "]}}, r"differ only by surrounding whitespace"),
-        ({"x": {"type": "enum", "choices": [1.5]}}, r"Field 'x': expected every allowed value to be a str, int or bool"),
+        (
+            {"x": {"type": "enum", "choices": [1.5]}},
+            r"Field 'x': expected every allowed value to be a str, int or bool",
+        ),
         ({"x": {"type": "enum", "choices": "ab"}}, r"Field 'x': expected 'choices' to be a list"),
-        ({"x": {"type": "enum", "choices": ["a"], "depends_on": ["y"]}}, r"Field 'x': expected depends_on to name fields"),
+        (
+            {"x": {"type": "enum", "choices": ["a"], "depends_on": ["y"]}},
+            r"Field 'x': expected depends_on to name fields",
+        ),
         ({"x": {"type": "boolean", "depends_on": ["x"]}}, r"names itself"),
         (
             {"x": {"type": "boolean", "depends_on": ["y"]}, "y": {"type": "boolean", "depends_on": ["x"]}},

@@ -11,6 +11,7 @@ no custom mask) fall back to scoring one row per root-to-leaf chain, with no cac
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -22,7 +23,7 @@ from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionErr
 from pcd_engine.planner import TreeBatch
 
 if TYPE_CHECKING:
-    import torch
+    pass
 
 __all__ = ["TorchBackend"]
 
@@ -97,9 +98,14 @@ class TorchBackend(Backend):
         self._device = next(model.parameters()).device
         self._dtype = next(model.parameters()).dtype
         self._grad = torch.no_grad
+        # transformers renamed `past_key_values` to `cache`; take whichever this version's forward accepts.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @classmethod
-    def load(cls, path: str, *, device: str | None = None, dtype: str | None = None, scorer: str = "auto") -> TorchBackend:
+    def load(
+        cls, path: str, *, device: str | None = None, dtype: str | None = None, scorer: str = "auto"
+    ) -> TorchBackend:
         """Load a model folder or Hugging Face repo id.
 
         Args:
@@ -132,7 +138,8 @@ class TorchBackend(Backend):
                 f"Model {path!r}: expected a local model folder or a repo id in the local Hugging Face cache, but "
                 f"loading failed: {str(exc).splitlines()[0]}"
             ) from exc
-        return cls(model.to(device), tokenizer, scorer=scorer)
+        loaded: Any = model
+        return cls(loaded.to(device), tokenizer, scorer=scorer)
 
     @property
     def max_context(self) -> int:
@@ -187,7 +194,9 @@ class TorchBackend(Backend):
         out: list[int] = []
         with self._grad():
             for _ in range(max_new_tokens):
-                logits = self.model(input_ids=inputs, cache=cache, use_cache=True, logits_to_keep=1).logits
+                logits = self.model(
+                    input_ids=inputs, **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1
+                ).logits
                 self.forward_passes += 1
                 token = int(logits[0, -1].argmax())
                 out.append(token)
@@ -223,7 +232,7 @@ class TorchBackend(Backend):
         from transformers.cache_utils import DynamicLayer
 
         fork = DynamicCache()
-        layers = []
+        layers: list[Any] = []
         for layer in getattr(cache, "layers", []):
             copy = DynamicLayer()
             if layer.is_initialized:
@@ -275,7 +284,7 @@ class TorchBackend(Backend):
                 input_ids=ids,
                 position_ids=pos,
                 attention_mask=mask,
-                cache=cache,
+                **{self._cache_kw: cache},
                 use_cache=True,
                 logits_to_keep=max(keep, 1),
             )
@@ -328,11 +337,11 @@ class TorchBackend(Backend):
                 logits = self.model(input_ids=inputs, attention_mask=attn, logits_to_keep=longest + 1).logits
                 self.forward_passes += 1
                 logits = logits.float()
-                for (chain_index, offset) in needed:
+                for chain_index, offset in needed:
                     g = chain_index - start
                     if 0 <= g < len(group):
                         logprob_rows[(chain_index, offset)] = torch.log_softmax(logits[g, offset], dim=-1)
         out = np.empty(len(batch.query_rows))
-        for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens)):
+        for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens, strict=False)):
             out[q] = float(logprob_rows[row_of[row]][token])
         return out

@@ -1,0 +1,96 @@
+"""Wave and pass planning, scorer selection, and model-name resolution."""
+
+from __future__ import annotations
+
+import pytest
+
+from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, compile_schema
+from pcd_engine.backends.torch import TorchBackend
+from pcd_engine.compiler import compile_wave
+from pcd_engine.errors import OptionError
+from pcd_engine.models import ALIASES, resolve_model
+from pcd_engine.planner import plan_passes, plan_waves
+from pcd_engine.prompt import ChatPrompt, TokenizerView
+from tests.conftest import tiny_model
+
+PRESET = {
+    "a": {"type": "enum", "choices": ["x", "y"]},
+    "b": {"type": "boolean"},
+    "c": {"type": "boolean", "depends_on": ["b"]},
+    "d": {"type": "enum", "choices": ["p", "q"], "depends_on": ["c", "a"]},
+    "e": {"type": "boolean"},
+}
+
+
+def names(waves):
+    return [[f.name for f in wave] for wave in waves]
+
+
+def test_waves_with_and_without_anchor():
+    schema = compile_schema(PRESET)
+    assert names(plan_waves(schema, anchor=False)) == [["a", "b", "e"], ["c"], ["d"]]
+    assert names(plan_waves(schema, anchor=True)) == [["a"], ["b", "e"], ["c"], ["d"]]
+    single = compile_schema({"only": {"type": "boolean"}})
+    assert names(plan_waves(single, anchor=True)) == [["only"]]
+
+
+def test_anchor_skips_fields_with_dependencies():
+    schema = compile_schema({"c": {"type": "boolean", "depends_on": ["b"]}, "b": {"type": "boolean"}})
+    assert names(plan_waves(schema, anchor=True)) == [["b"], ["c"]]
+
+
+@pytest.mark.parametrize("max_nodes", [1, 3, 8, 1000])
+def test_passes_cover_every_node_once(smol_tokenizer, max_nodes):
+    tv = TokenizerView(smol_tokenizer)
+    schema = compile_schema(
+        {"x": {"type": "enum", "choices": [f"LABEL_{i}" for i in range(30)]}, "y": {"type": "boolean"}}
+    )
+    prompt = ChatPrompt.build(tv, schema)
+    wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    passes = plan_passes(wave.tree, max_nodes=max_nodes)
+    queried = [n for batch in passes for n in batch.query_nodes]
+    assert sorted(queried) == list(range(len(wave.tree)))
+    depth = max(wave.tree.depths)
+    for batch in passes:
+        assert len(batch.tokens) <= max(max_nodes, depth)
+        for i, parent in enumerate(batch.parents):
+            assert parent < i  # parents come first, and are in the same pass
+        for row, node in zip(batch.query_rows, batch.query_nodes, strict=True):
+            parent = wave.tree.parents[node]
+            assert (row == -1) == (parent == -1)
+            if row >= 0:
+                assert batch.tokens[row] == wave.tree.tokens[parent]
+    assert all(-1 not in b.query_rows for b in passes[1:])
+
+
+def test_scorer_selection(smol_tokenizer):
+    model = tiny_model("llama", len(smol_tokenizer))
+    assert TorchBackend(model, smol_tokenizer).scorer == "packed"
+    model.config.layer_types = ["full_attention", "linear_attention"]
+    assert TorchBackend(model, smol_tokenizer).scorer == "rows"
+    with pytest.raises(OptionError, match="Scorer 'packed': expected full or sliding attention layers"):
+        TorchBackend(model, smol_tokenizer, scorer="packed")
+    with pytest.raises(OptionError, match="Scorer: expected 'auto', 'packed' or 'rows'"):
+        TorchBackend(model, smol_tokenizer, scorer="fast")
+
+
+def test_model_names(tmp_path):
+    assert resolve_model("qwen2.5-0.5b") == ALIASES["qwen2.5-0.5b"].torch
+    assert resolve_model("qwen2.5-0.5b", backend="mlx") == ALIASES["qwen2.5-0.5b"].mlx
+    assert resolve_model(str(tmp_path)) == str(tmp_path)
+    assert resolve_model("someorg/some-model") == "someorg/some-model"
+    with pytest.raises(ModelLoadError, match="the folder does not exist"):
+        resolve_model("./no/such/folder")
+    with pytest.raises(ModelLoadError, match="expected an alias"):
+        resolve_model("not-a-model")
+    assert all(a.torch.count("/") == 1 for a in ALIASES.values())
+
+
+def test_unknown_backend():
+    with pytest.raises(BackendUnavailableError, match="Backend 'mlx'"):
+        Engine.load(backend="mlx")
+
+
+def test_unloadable_repo_is_a_typed_error():
+    with pytest.raises(ModelLoadError, match="Model 'someorg/not-cached'"):
+        Engine.load("someorg/not-cached")
