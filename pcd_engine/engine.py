@@ -20,7 +20,7 @@ from pcd_engine.backends.base import Backend, Prefix
 from pcd_engine.compiler import CompiledWave, compile_wave
 from pcd_engine.decoding import choose_strategy
 from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, PromptAlignmentError
-from pcd_engine.planner import plan_passes, plan_waves
+from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.schema import Schema, compile_schema
@@ -90,6 +90,7 @@ class Engine:
         self.tokenizer = TokenizerView(backend.tokenizer)
         self._heads: OrderedDict[str, tuple[_Plan, Prefix]] = OrderedDict()
         self._waves: OrderedDict[tuple[str, str, tuple[str, ...]], CompiledWave] = OrderedDict()
+        self._pass_plans: OrderedDict[tuple[int, int], tuple[CompiledWave, list[TreeBatch]]] = OrderedDict()
 
     @classmethod
     def load(
@@ -211,7 +212,7 @@ class Engine:
                 pending.extend(cw.tail_ids[len(committed) : cw.causal_len])
                 committed = cw.tail_ids[: cw.causal_len]
                 budget = int(self.options.memory_budget_mb * 2**20)
-                passes = plan_passes(cw.tree, max_nodes=self._max_nodes(state.length, len(pending), budget))
+                passes = self._passes(cw, self._max_nodes(state.length, len(pending), budget))
                 phases["compile"] += (time.perf_counter() - tick) * 1000
 
                 tick = time.perf_counter()
@@ -319,6 +320,16 @@ class Engine:
         while len(self._waves) > 64 * self.options.head_cache_size:
             self._waves.popitem(last=False)
         return wave
+
+    def _passes(self, wave: CompiledWave, max_nodes: int) -> list[TreeBatch]:
+        key = (id(wave), max_nodes)
+        hit = self._pass_plans.get(key)
+        if hit is None or hit[0] is not wave:
+            hit = (wave, plan_passes(wave.tree, max_nodes=max_nodes))
+            self._pass_plans[key] = hit
+            while len(self._pass_plans) > 64 * self.options.head_cache_size:
+                self._pass_plans.popitem(last=False)
+        return hit[1]
 
     def _max_nodes(self, past: int, causal: int, budget: int) -> int:
         lo, hi = 1, 1 << 16
