@@ -18,7 +18,7 @@ import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix
 from pcd_engine.compiler import CompiledWave, compile_wave
-from pcd_engine.decoding import choose_strategy
+from pcd_engine.decoding import Decision, Fixed, choose_strategy
 from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, PromptAlignmentError
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
@@ -206,11 +206,15 @@ class Engine:
                 if cw.tail_ids[: len(committed)] != committed or cw.causal_len < len(committed):
                     raise PromptAlignmentError(
                         f"Wave {index}: expected the written answers to extend the tail's tokens, but they "
-                        "re-tokenized "
-                        "the text before them."
+                        "re-tokenized the text before them."
                     )
                 pending.extend(cw.tail_ids[len(committed) : cw.causal_len])
                 committed = cw.tail_ids[: cw.causal_len]
+                if not pending:
+                    raise PromptAlignmentError(
+                        f"Wave {index}: expected new prompt tokens before the tree (the root distribution is read from "
+                        "the last one), but the written answers added none."
+                    )
                 budget = int(self.options.memory_budget_mb * 2**20)
                 passes = self._passes(cw, self._max_nodes(state.length, len(pending), budget))
                 phases["compile"] += (time.perf_counter() - tick) * 1000
@@ -234,7 +238,7 @@ class Engine:
                 phases["decode"] += (time.perf_counter() - tick) * 1000
             for spec in wave:
                 if spec.name not in results:
-                    decision = choose_strategy(1).decide(None, np.zeros(0))  # type: ignore[arg-type]
+                    decision = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
                     results[spec.name] = self._field_result(spec, decision, index, warnings)
                     chosen[spec.name] = 0
                 tail_text += field_line(spec.name, spec.labels[chosen[spec.name]].surfaces[0])

@@ -1,12 +1,13 @@
 """The backend contract: the only layer that touches tensors.
 
-A backend owns a model and its tokenizer and offers four operations, in this order in every backend file:
+A backend owns a model and its tokenizer and offers these operations, in this order in every backend file:
 
 1. :meth:`Backend.prefill` runs a schema's head once and returns an immutable :class:`Prefix` (its KV cache);
 2. :meth:`Backend.start` opens a per-request :class:`RequestState` on top of a prefix, never modifying it;
 3. :meth:`Backend.score_tree` appends causal tokens to the state and reads the log-probabilities of a packed
    token tree in the same forward pass; the tree never stays in the state;
-4. :meth:`Backend.generate_greedy` writes text token by token (the autoregressive baseline).
+4. :meth:`Backend.generate_greedy` writes text token by token (the autoregressive baseline);
+5. :meth:`Backend.pass_bytes` estimates one pass's memory, so the engine can split very large trees.
 
 Every forward call is counted in :attr:`Backend.forward_passes`.
 """
