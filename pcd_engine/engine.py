@@ -34,7 +34,8 @@ class EngineOptions:
 
     Attributes:
         anchor: Decide the first field alone and write it into the prompt before the others (one extra pass,
-            usually better answers). ``depends_on`` adds waves either way.
+            usually better answers). ``depends_on`` adds waves either way; a later wave's prompt holds the
+            anchor's answer and the answers its fields depend on, not every earlier answer.
         head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
         memory_budget_mb: Estimated peak memory of one pass above which a wave's tree is split into passes.
         marginal_max_labels: Fields with up to this many labels use the marginal strategy by default; larger
@@ -236,12 +237,16 @@ class Engine:
                     results[trie.spec.name] = self._field_result(trie.spec, decision, index, warnings)
                     chosen[trie.spec.name] = decision.label
                 phases["decode"] += (time.perf_counter() - tick) * 1000
+            # Later waves read the anchor and the answers they depend on; writing every answer would only add
+            # prompt tokens to process (a 28-field schema writes ~9 tokens per field).
+            needed = {dep for later in waves[index + 1 :] for spec in later for dep in spec.depends_on}
             for spec in wave:
                 if spec.name not in results:
                     decision = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
                     results[spec.name] = self._field_result(spec, decision, index, warnings)
                     chosen[spec.name] = 0
-                tail_text += field_line(spec.name, spec.labels[chosen[spec.name]].surfaces[0])
+                if spec.name in needed or (use_anchor and index == 0):
+                    tail_text += field_line(spec.name, spec.labels[chosen[spec.name]].surfaces[0])
 
         if plan.prompt.system_folded:
             warnings.insert(0, "The chat template has no system role; the instructions were put in the user turn.")

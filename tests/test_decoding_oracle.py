@@ -190,3 +190,21 @@ def test_memory_budget_splits_passes_with_the_same_answers(oracle):
     assert split.values == whole.values
     for name in whole.values:
         assert split.fields[name].probability == pytest.approx(whole.fields[name].probability, abs=1e-12)
+
+
+def test_dependent_wave_sees_anchor_and_its_dependencies_only(oracle, smol_tokenizer):
+    lm, backend = oracle
+    preset = {**PRESET, "after": {"type": "boolean", "depends_on": ["tone"]}}
+    out = Engine(backend, anchor=True).extract(TEXT, preset, strategy="exact")
+    schema = compile_schema(preset)
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+
+    def line(name):
+        spec = schema.field(name)
+        return field_line(name, next(l for l in spec.labels if l.value == out.values[name]).surfaces[0])
+
+    context = prompt.prefix_text + TEXT + prompt.suffix_text + line("urgent") + line("tone")
+    winner, probs, _ = brute_force(lm, enumerate_paths(smol_tokenizer, context, schema.field("after")), "exact")
+    assert out.fields["after"].wave == 2
+    assert out.values["after"] == schema.field("after").labels[winner].value
+    assert out.fields["after"].probability == pytest.approx(probs[winner], abs=1e-9)
