@@ -37,7 +37,8 @@ class EngineOptions:
             usually better answers). ``depends_on`` adds waves either way; a later wave's prompt holds the
             anchor's answer and the answers its fields depend on, not every earlier answer.
         head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
-        memory_budget_mb: Estimated peak memory of one pass above which a wave's tree is split into passes.
+        memory_budget_mb: Estimated peak memory of one pass above which a wave's tree is split into passes;
+            ``None`` takes the backend's default (1 GiB on CPU, a quarter of the GPU's memory up to 16 GiB).
         marginal_max_labels: Fields with up to this many labels use the marginal strategy by default; larger
             ones use the trie walk.
         top_k: How many alternatives each field reports.
@@ -46,7 +47,7 @@ class EngineOptions:
 
     anchor: bool = True
     head_cache_size: int = 8
-    memory_budget_mb: float = 1024.0
+    memory_budget_mb: float | None = None
     marginal_max_labels: int = 32
     top_k: int = 5
     low_mass_warning: float = 0.1
@@ -54,7 +55,7 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.head_cache_size < 1:
             raise OptionError(f"head_cache_size: expected an integer >= 1, but got {self.head_cache_size}.")
-        if self.memory_budget_mb <= 0:
+        if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
         if self.top_k < 1:
             raise OptionError(f"top_k: expected an integer >= 1, but got {self.top_k}.")
@@ -216,7 +217,8 @@ class Engine:
                         f"Wave {index}: expected new prompt tokens before the tree (the root distribution is read from "
                         "the last one), but the written answers added none."
                     )
-                budget = int(self.options.memory_budget_mb * 2**20)
+                budget_mb = self.options.memory_budget_mb or self.backend.default_memory_budget_mb
+                budget = int(budget_mb * 2**20)
                 passes = self._passes(cw, self._max_nodes(state.length, len(pending), budget))
                 phases["compile"] += (time.perf_counter() - tick) * 1000
 

@@ -106,6 +106,11 @@ class Backend(ABC):
             The generated token ids (without the prompt).
         """
 
+    @property
+    def default_memory_budget_mb(self) -> float:
+        """The per-pass memory budget used when the engine is given none."""
+        return 1024.0
+
     @abstractmethod
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
         """Estimated peak extra memory, in bytes, of one pass of ``new`` tokens after ``past`` cached ones,

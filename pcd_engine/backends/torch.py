@@ -205,6 +205,14 @@ class TorchBackend(Backend):
                 inputs = torch.tensor([[token]], device=self._device)
         return out
 
+    @property
+    def default_memory_budget_mb(self) -> float:
+        """1 GiB on CPU; on a GPU a quarter of its memory, at most 16 GiB."""
+        if self._device.type != "cuda":
+            return 1024.0
+        total = _torch().cuda.get_device_properties(self._device).total_memory / 2**20
+        return float(min(total / 4, 16384.0))
+
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
         """Mask(s), one layer's attention scores, the kept logits and their log-softmax, and activations."""
         cfg = self._config
