@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
+from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError, PromptAlignmentError
 from pcd_engine.planner import TreeBatch
 
 if TYPE_CHECKING:
@@ -171,7 +171,9 @@ class TorchBackend(Backend):
             raise TypeError(f"score_tree: expected a TorchState, but got {type(state).__name__}.")
         causal = [int(t) for t in causal]
         if not causal and -1 in batch.query_rows:
-            raise ValueError("score_tree: queries read the last causal token, but no causal tokens were given.")
+            raise PromptAlignmentError(
+                "score_tree: expected causal tokens to read the root distribution from, but got none."
+            )
         if self.scorer == "rows":
             out = self._rows_pass(state.ids + causal, batch)
             state.ids.extend(causal)
