@@ -6,11 +6,13 @@ float mask (0 visible, a large negative number hidden) that lets each node see t
 its own ancestors. Models with sliding-window layers get a dict of masks, one per layer type, with the window
 built into the sliding one; their caches are kept whole (plain ``DynamicLayer``), so cropping the tree back off
 is exact. Models whose cache cannot branch by masking (recurrent or hybrid layers, attention kernels that take
-no custom mask) fall back to scoring one row per root-to-leaf chain, with no cache reuse.
+no custom mask) fall back to row broadcast: the request's own model cache is copied and repeated over a batch
+of rows, one root-to-leaf chain per row.
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -149,10 +151,12 @@ class TorchBackend(Backend):
     # ------------------------------------------------------------------------------------------ contract
 
     def prefill(self, ids: Sequence[int]) -> TorchPrefix:
-        """Run the head once and keep its cache (packed), or just its ids (rows)."""
+        """Run the head once and keep its cache: plain layers (packed), or the model's own cache (rows)."""
         ids = tuple(int(i) for i in ids)
-        if self.scorer == "rows" or not ids:
-            return TorchPrefix(ids, self._new_cache(), len(ids) if self.scorer == "rows" else 0)
+        if self.scorer == "rows":
+            return TorchPrefix(ids, self._extend_native(None, list(ids))[0], len(ids))
+        if not ids:
+            return TorchPrefix(ids, self._new_cache(), 0)
         cache = self._new_cache()
         empty = TreeBatch((), (), (), (), (), ())
         self._packed_pass(cache, 0, list(ids), empty)
@@ -160,9 +164,12 @@ class TorchBackend(Backend):
 
     def start(self, prefix: Prefix) -> TorchState:
         """Fork the prefix: new cache layers that share the prefix's tensors (``update`` concatenates into new
-        tensors, so the prefix is never written to)."""
+        tensors, so the prefix is never written to). The rows scorer deep-copies the model's own cache, whose
+        layers may update in place."""
         if not isinstance(prefix, TorchPrefix):
             raise TypeError(f"start: expected a TorchPrefix, but got {type(prefix).__name__}.")
+        if self.scorer == "rows":
+            return TorchState(list(prefix.ids), copy.deepcopy(prefix.cache), prefix.length)
         return TorchState(list(prefix.ids), self._fork(prefix.cache), prefix.length)
 
     def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
@@ -175,10 +182,7 @@ class TorchBackend(Backend):
                 "score_tree: expected causal tokens to read the root distribution from, but got none."
             )
         if self.scorer == "rows":
-            out = self._rows_pass(state.ids + causal, batch)
-            state.ids.extend(causal)
-            state.length += len(causal)
-            return out
+            return self._rows_pass(state, causal, batch)
         out = self._packed_pass(state.cache, state.length, causal, batch)
         state.ids.extend(causal)
         state.length += len(causal)
@@ -314,14 +318,35 @@ class TorchBackend(Backend):
 
     # ------------------------------------------------------------------------------------------ rows fallback
 
-    def _rows_pass(self, ids: list[int], batch: TreeBatch, *, rows_per_call: int = 8) -> np.ndarray:
+    def _extend_native(self, cache: Any, ids: list[int]) -> tuple[Any, Any]:
+        """Run ``ids`` on top of the model's own cache (``None`` starts one); return it and the last logits."""
         torch = _torch()
+        if not ids:
+            return cache, None
+        with self._grad():
+            out = self.model(
+                input_ids=torch.tensor([ids], device=self._device),
+                **{self._cache_kw: cache},
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        self.forward_passes += 1
+        return out.past_key_values, out.logits[0, -1].float()
+
+    def _rows_pass(
+        self, state: TorchState, causal: list[int], batch: TreeBatch, *, rows_per_call: int = 8
+    ) -> np.ndarray:
+        """Row broadcast: extend the request's own cache by ``causal``, then score each root-to-leaf chain as a
+        row on a copy of that cache repeated over the batch (right-padded; padding comes after every read)."""
+        torch = _torch()
+        state.cache, last = self._extend_native(state.cache, causal)
+        state.ids.extend(causal)
+        state.length += len(causal)
         n = len(batch.tokens)
-        is_parent = set(p for p in batch.parents if p >= 0)
-        ends = [i for i in range(n) if i not in is_parent] or [-1]
+        is_parent = {p for p in batch.parents if p >= 0}
         chains: list[list[int]] = []
         row_of: dict[int, tuple[int, int]] = {}
-        for end in ends:
+        for end in (i for i in range(n) if i not in is_parent):
             chain: list[int] = []
             node = end
             while node >= 0:
@@ -329,31 +354,36 @@ class TorchBackend(Backend):
                 node = batch.parents[node]
             chain.reverse()
             for offset, node in enumerate(chain):
-                row_of.setdefault(node, (len(chains), offset + 1))
-            row_of.setdefault(-1, (len(chains), 0))
+                row_of.setdefault(node, (len(chains), offset))
             chains.append(chain)
-        longest = max(len(c) for c in chains)
-        base = len(ids)
-        logprob_rows: dict[tuple[int, int], Any] = {}
-        needed = {row_of[r] for r in batch.query_rows}
+        dists: dict[int, Any] = {}
+        if last is not None:
+            dists[-1] = torch.log_softmax(last, dim=-1)
+        wanted = {r for r in batch.query_rows if r >= 0}
         with self._grad():
             for start in range(0, len(chains), rows_per_call):
                 group = chains[start : start + rows_per_call]
-                width = base + longest
-                inputs = torch.full((len(group), width), 0, dtype=torch.long, device=self._device)
-                attn = torch.zeros((len(group), width), dtype=torch.long, device=self._device)
+                if not any(node in wanted for chain in group for node in chain):
+                    continue
+                longest = max(len(c) for c in group)
+                inputs = torch.zeros((len(group), longest), dtype=torch.long, device=self._device)
+                attn = torch.zeros((len(group), state.length + longest), dtype=torch.long, device=self._device)
+                attn[:, : state.length] = 1
                 for g, chain in enumerate(group):
-                    seq = ids + [batch.tokens[c] for c in chain]
-                    inputs[g, : len(seq)] = torch.tensor(seq, device=self._device)
-                    attn[g, : len(seq)] = 1
-                logits = self.model(input_ids=inputs, attention_mask=attn, logits_to_keep=longest + 1).logits
+                    inputs[g, : len(chain)] = torch.tensor([batch.tokens[c] for c in chain], device=self._device)
+                    attn[g, state.length : state.length + len(chain)] = 1
+                rows_cache = copy.deepcopy(state.cache)
+                if rows_cache is not None:
+                    rows_cache.batch_repeat_interleave(len(group))
+                logits = self.model(
+                    input_ids=inputs, attention_mask=attn, **{self._cache_kw: rows_cache}, use_cache=True
+                ).logits.float()
                 self.forward_passes += 1
-                logits = logits.float()
-                for chain_index, offset in needed:
-                    g = chain_index - start
-                    if 0 <= g < len(group):
-                        logprob_rows[(chain_index, offset)] = torch.log_softmax(logits[g, offset], dim=-1)
+                for node in wanted:
+                    chain_index, offset = row_of[node]
+                    if start <= chain_index < start + len(group):
+                        dists[node] = torch.log_softmax(logits[chain_index - start, offset], dim=-1)
         out = np.empty(len(batch.query_rows))
-        for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens, strict=False)):
-            out[q] = float(logprob_rows[row_of[row]][token])
+        for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens, strict=True)):
+            out[q] = float(dists[row][token])
         return out
