@@ -133,8 +133,9 @@ def compile_wave(
         PromptAlignmentError: If the tail and the lines cannot be aligned at a token boundary.
     """
     base = tokenizer.encode(boundary_text + tail_text)
-    skip = len(tokenizer.encode(boundary_text)) if boundary_text else 0
-    if base[:skip] != tokenizer.encode(boundary_text):
+    boundary_ids = tokenizer.encode(boundary_text) if boundary_text else []
+    skip = len(boundary_ids)
+    if base[:skip] != boundary_ids:
         raise PromptAlignmentError(
             f"Prompt tail: expected {boundary_text!r} to stay one token before the tail, but it merged with the text."
         )
