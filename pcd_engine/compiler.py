@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.prompt import TokenizerView, field_line
+from pcd_engine.prompt import TokenizerView, field_line, tail_tokens
 from pcd_engine.schema import FieldSpec
 
 __all__ = ["CompiledWave", "FieldTrie", "LabelPath", "TokenTree", "compile_wave"]
@@ -132,13 +132,7 @@ def compile_wave(
     Raises:
         PromptAlignmentError: If the tail and the lines cannot be aligned at a token boundary.
     """
-    base = tokenizer.encode(boundary_text + tail_text)
-    boundary_ids = tokenizer.encode(boundary_text) if boundary_text else []
-    skip = len(boundary_ids)
-    if base[:skip] != boundary_ids:
-        raise PromptAlignmentError(
-            f"Prompt tail: expected {boundary_text!r} to stay one token before the tail, but it merged with the text."
-        )
+    base, skip = tail_tokens(tokenizer, boundary_text, tail_text)
     prefix = boundary_text + tail_text
     entries: list[tuple[int, int, int, str]] = []
     for f, spec in enumerate(fields):
@@ -172,7 +166,7 @@ def compile_wave(
     depths: list[int] = []
     has_child: list[bool] = []
     per_field: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in fields]
-    for (f, li, si, _line), ids in zip(entries, cut_paths, strict=False):
+    for (f, li, si, _line), ids in zip(entries, cut_paths, strict=True):
         rel = ids[start:]
         if not rel:
             raise PromptAlignmentError(f"Field {fields[f].name!r}: expected value tokens after the tail, but got none.")
@@ -195,7 +189,7 @@ def compile_wave(
         per_field[f].append((li, si, tuple(nodes)))
 
     tries = []
-    for spec, items in zip(fields, per_field, strict=False):
+    for spec, items in zip(fields, per_field, strict=True):
         leaves = {chain[-1] for *_, chain in items}
         for *_, chain in items:
             if any(n in leaves for n in chain[:-1]):

@@ -185,7 +185,7 @@ class TrieWalk(Strategy):
         split = _softmax(np.array([logprobs[c] for c in children], dtype=float), temperature)
         best = children[int(np.argmax([logprobs[c] for c in children]))]
         winner = None
-        for child, share in zip(children, split, strict=False):
+        for child, share in zip(children, split, strict=True):
             found = self._walk(
                 trie, logprobs, groups[child], depth + 1, weight * share, temperature, probs, greedy and child == best
             )

@@ -21,7 +21,7 @@ from pcd_engine.compiler import CompiledWave, compile_wave
 from pcd_engine.decoding import Decision, Fixed, choose_strategy
 from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, PromptAlignmentError
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
-from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line, tail_tokens
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.schema import Schema, compile_schema
 
@@ -308,8 +308,7 @@ class Engine:
             self._heads.move_to_end(key)
             return hit
         prompt = ChatPrompt.build(self.tokenizer, schema)
-        tail0 = self.tokenizer.encode(prompt.boundary_text + prompt.tail_text)
-        skip = len(self.tokenizer.encode(prompt.boundary_text)) if prompt.boundary_text else 0
+        tail0, skip = tail_tokens(self.tokenizer, prompt.boundary_text, prompt.tail_text)
         plan = _Plan(prompt, tuple(tail0[skip:]))
         tick = time.perf_counter()
         prefix = self.backend.prefill(prompt.head_ids)

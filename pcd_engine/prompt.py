@@ -22,7 +22,7 @@ from typing import Any
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.schema import FieldSpec, Schema
 
-__all__ = ["ChatPrompt", "TokenizerView", "field_line", "render_instructions"]
+__all__ = ["ChatPrompt", "TokenizerView", "field_line", "render_instructions", "tail_tokens"]
 
 _SENTINEL = "PCDDOCUMENTSENTINEL"
 _FALLBACK_TEMPLATE = (
@@ -103,6 +103,21 @@ def _describe(spec: FieldSpec) -> str:
 def field_line(name: str, surface: str) -> str:
     """The JSON line that writes ``surface`` as the value of key ``name``, led by a newline, ended by a comma."""
     return f"\n  {json.dumps(name, ensure_ascii=False)}: {surface},"
+
+
+def tail_tokens(tokenizer: TokenizerView, boundary_text: str, tail_text: str) -> tuple[list[int], int]:
+    """Token ids of ``boundary_text + tail_text`` and how many of them are the boundary.
+
+    Raises:
+        PromptAlignmentError: If the boundary merged with the tail text.
+    """
+    ids = tokenizer.encode(boundary_text + tail_text)
+    boundary_ids = tokenizer.encode(boundary_text) if boundary_text else []
+    if ids[: len(boundary_ids)] != boundary_ids:
+        raise PromptAlignmentError(
+            f"Prompt tail: expected {boundary_text!r} to stay one token before the tail, but it merged with the text."
+        )
+    return ids, len(boundary_ids)
 
 
 @dataclass(frozen=True)

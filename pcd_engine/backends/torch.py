@@ -16,16 +16,13 @@ import copy
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState
 from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError, PromptAlignmentError
 from pcd_engine.planner import TreeBatch
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ["TorchBackend"]
 
@@ -248,11 +245,11 @@ class TorchBackend(Backend):
         fork = DynamicCache()
         layers: list[Any] = []
         for layer in getattr(cache, "layers", []):
-            copy = DynamicLayer()
+            shared = DynamicLayer()
             if layer.is_initialized:
-                copy.lazy_initialization(layer.keys, layer.values)
-                copy.keys, copy.values = layer.keys, layer.values
-            layers.append(copy)
+                shared.lazy_initialization(layer.keys, layer.values)
+                shared.keys, shared.values = layer.keys, layer.values
+            layers.append(shared)
         fork.layers = layers
         return fork
 
