@@ -20,7 +20,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import platform
@@ -41,6 +40,7 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and "--no-reexec" not in sys
 
 import torch  # noqa: E402
 
+from benchmarks.common import median_ms, one_wave  # noqa: E402
 from pcd_engine import Engine, generate_baseline, load_preset  # noqa: E402
 from pcd_engine.backends.torch import TorchBackend  # noqa: E402
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
@@ -72,17 +72,6 @@ RANDOM_CONFIGS = {
         tie_word_embeddings=False,
     ),
 }
-
-
-def median_ms(fn: Any, repeats: int, sync: Any) -> float:
-    times = []
-    for _ in range(repeats):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
 
 
 class PeakMemory:
@@ -203,11 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.presets:
         preset = example_preset(name) if name in EXAMPLE_PRESETS else load_preset(name)
         # The 1-pass variant drops depends_on as well as the anchor: every field in ONE wave.
-        flat = dataclasses.replace(
-            preset.schema,
-            fields=tuple(dataclasses.replace(f, depends_on=()) for f in preset.schema.fields),
-            fingerprint=preset.schema.fingerprint + "-flat",
-        )
+        flat = one_wave(preset.schema)
         one = engine.extract(preset.context, flat, anchor=False)  # warm the head caches
         dflt = engine.extract(preset.context, preset.schema)
         one = engine.extract(preset.context, flat, anchor=False)

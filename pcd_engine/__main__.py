@@ -1,7 +1,11 @@
-"""``python -m pcd_engine [TEXT]``: one real extraction on the embedded default model, printed as a table."""
+"""``python -m pcd_engine [TEXT]``: one real extraction on the embedded default model, printed as a table.
+
+The backend is ``auto`` unless ``PCD_BACKEND`` names one (``torch`` or ``mlx``).
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Literal
 
@@ -27,7 +31,7 @@ EXAMPLE = (
 def main(argv: list[str]) -> int:
     text = " ".join(argv) or EXAMPLE
     try:
-        engine = Engine.load()
+        engine = Engine.load(backend=os.environ.get("PCD_BACKEND", "auto"))
         out = engine.extract(text, Ticket)
     except PCDError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -42,7 +46,8 @@ def main(argv: list[str]) -> int:
     s = out.stats
     print(
         f"forward passes: {s.forward_passes}, waves: {s.waves}, prompt tokens: {s.prompt_tokens} "
-        f"({s.cached_tokens} cached), tree nodes: {s.nodes_scored}, total: {s.phases_ms['total']:.0f} ms"
+        f"({s.cached_tokens} cached), tree nodes: {s.nodes_scored}, total: {s.phases_ms['total']:.0f} ms "
+        f"(backend {engine.backend.name}, {engine.backend.scorer} scorer)"
     )
     for w in out.warnings:
         print(f"warning: {w}")

@@ -16,10 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from pcd_engine.backends import select_backend
 from pcd_engine.backends.base import Backend, Prefix
 from pcd_engine.compiler import CompiledWave, compile_wave
 from pcd_engine.decoding import Decision, Fixed, choose_strategy
-from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, PromptAlignmentError
+from pcd_engine.errors import ContextError, OptionError, PromptAlignmentError
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line, tail_tokens
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
@@ -110,10 +111,12 @@ class Engine:
         Args:
             name_or_path: ``None`` for the embedded SmolLM2-135M-Instruct (offline), an alias from
                 :data:`pcd_engine.models.ALIASES`, a local folder, or a Hugging Face repo id.
-            backend: ``"auto"`` or ``"torch"``.
-            device: Torch device; defaults to CUDA when available, else CPU.
-            dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-            scorer: ``"auto"``, ``"packed"`` or ``"rows"`` (see :class:`~pcd_engine.backends.torch.TorchBackend`).
+            backend: ``"auto"`` (MLX on Apple silicon when mlx and mlx-lm are installed, else PyTorch),
+                ``"torch"`` or ``"mlx"`` (any machine where mlx imports, Linux CPU included).
+            device: Torch device (defaults to CUDA when available, else CPU); for MLX ``"cpu"`` or ``"gpu"``.
+            dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; MLX keeps stored (e.g. 4-bit) weights by default.
+            scorer: ``"auto"``, ``"packed"`` or ``"rows"`` (see :class:`~pcd_engine.backends.torch.TorchBackend`
+                and :class:`~pcd_engine.backends.mlx.MLXBackend`).
             **options: Fields of :class:`EngineOptions`.
 
         Returns:
@@ -121,18 +124,18 @@ class Engine:
 
         Raises:
             ModelLoadError: If the model cannot be found or loaded.
-            BackendUnavailableError: If the backend's libraries are missing.
+            BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
         from pcd_engine.models import resolve_model
 
-        if backend not in ("auto", "torch"):
-            raise BackendUnavailableError(
-                f"Backend {backend!r}: expected 'auto' or 'torch', but got {backend!r}. The MLX backend is not "
-                "available in this version."
-            )
+        chosen = select_backend(backend)
+        path = resolve_model(name_or_path, backend=chosen)
+        if chosen == "mlx":
+            from pcd_engine.backends.mlx import MLXBackend
+
+            return cls(MLXBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
         from pcd_engine.backends.torch import TorchBackend
 
-        path = resolve_model(name_or_path, backend="torch")
         return cls(TorchBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
 
     # ------------------------------------------------------------------------------------------ public

@@ -14,10 +14,19 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pcd_engine.errors import ModelLoadError
 
-__all__ = ["ALIASES", "DEFAULT_MODEL", "ModelAlias", "cache_dir", "default_model_path", "resolve_model"]
+__all__ = [
+    "ALIASES",
+    "DEFAULT_MODEL",
+    "ModelAlias",
+    "cache_dir",
+    "default_model_path",
+    "mlx_config_overrides",
+    "resolve_model",
+]
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -111,9 +120,7 @@ def default_model_path() -> Path:
         tokenizer.save_pretrained(tmp)
         config_path = tmp / "config.json"
         config = json.loads(config_path.read_text())
-        theta = (config.get("rope_parameters") or {}).get("rope_theta")
-        if theta is not None:
-            config["rope_theta"] = theta  # mlx-lm reads rope_theta only at the top level
+        config.update(mlx_config_overrides(config))
         config_path.write_text(json.dumps(config, indent=2))
         if target.exists():
             shutil.rmtree(target)
@@ -122,6 +129,39 @@ def default_model_path() -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
+    """Keys that mlx-lm needs but a config.json written by transformers 5 keeps elsewhere.
+
+    transformers 5 nests RoPE settings under ``rope_parameters`` (per layer type for Gemma 3) and describes
+    sliding layers with ``layer_types``; mlx-lm 0.32 reads ``rope_theta``, ``rope_scaling``,
+    ``rope_local_base_freq`` and ``sliding_window_pattern`` at the top level and otherwise silently falls back to
+    its own defaults (Qwen2's is 1e6 where transformers' is 1e4), which changes every logit.
+
+    Args:
+        config: The parsed config.json.
+
+    Returns:
+        The top-level keys to add; keys already present are never overridden.
+    """
+    out: dict[str, Any] = {}
+    params = config.get("rope_parameters") or {}
+    by_type = {k: v for k, v in params.items() if isinstance(v, dict)}
+    full = by_type.get("full_attention", params if not by_type else {})
+    if full.get("rope_theta") is not None:
+        out["rope_theta"] = full["rope_theta"]
+    if full.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
+        out["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
+    local = by_type.get("sliding_attention", {})
+    if local.get("rope_theta") is not None:
+        out["rope_local_base_freq"] = local["rope_theta"]
+    types = config.get("layer_types") or []
+    if "full_attention" in types and "sliding_attention" in types:
+        period = types.index("full_attention") + 1
+        if all((t == "full_attention") == (i % period == period - 1) for i, t in enumerate(types)):
+            out["sliding_window_pattern"] = period
+    return {k: v for k, v in out.items() if k not in config}
 
 
 def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str = "torch") -> str:

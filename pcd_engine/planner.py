@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from pcd_engine.compiler import TokenTree
 from pcd_engine.schema import FieldSpec, Schema
 
@@ -68,6 +70,64 @@ class TreeBatch:
     query_rows: tuple[int, ...]
     query_tokens: tuple[int, ...]
     query_nodes: tuple[int, ...]
+
+    def visibility(self, past: int, causal: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Who sees whom in a packed pass of ``causal`` tokens and this batch's nodes after ``past`` cached ones.
+
+        Every backend's packed scorer builds its attention mask and positions from this one function::
+
+                         keys:  past ... | causal c0 c1 c2 | nodes a  b  c      (b, c children of a)
+            causal c2            1 ... 1 |  1  1  1        |  0  0  0
+            node   a             1 ... 1 |  1  1  1        |  1  0  0
+            node   b             1 ... 1 |  1  1  1        |  1  1  0
+            node   c             1 ... 1 |  1  1  1        |  1  0  1
+
+        Args:
+            past: Tokens already in the cache.
+            causal: Tokens appended causally in front of the tree.
+
+        Returns:
+            ``(visible, qpos, kpos)``: a bool matrix ``[causal + nodes, past + causal + nodes]`` (query row sees
+            key column), the position of each query token (a node sits at the position after the causal block
+            plus its depth), and the position of each key.
+        """
+        n = len(self.tokens)
+        t = causal + n
+        qpos = np.concatenate([past + np.arange(causal), past + causal + np.asarray(self.depths, dtype=np.int64)])
+        kpos = np.concatenate([np.arange(past), qpos])
+        visible = np.zeros((t, past + t), dtype=bool)
+        visible[:, :past] = True
+        visible[:causal, past : past + causal] = np.tril(np.ones((causal, causal), dtype=bool))
+        visible[causal:, past : past + causal] = True
+        ancestors = np.zeros((n, n), dtype=bool)
+        for i, parent in enumerate(self.parents):
+            if parent >= 0:
+                ancestors[i] = ancestors[parent]
+            ancestors[i, i] = True
+        visible[causal:, past + causal :] = ancestors
+        return visible, qpos, kpos
+
+    def chains(self) -> tuple[list[list[int]], dict[int, tuple[int, int]]]:
+        """The batch as root-to-leaf chains of rows, for scorers that feed one chain per batch row.
+
+        Returns:
+            ``(chains, row_of)``: each chain lists batch rows from a child of the root down to a leaf; ``row_of``
+            maps every row to the first ``(chain index, offset in chain)`` that holds it.
+        """
+        is_parent = {p for p in self.parents if p >= 0}
+        chains: list[list[int]] = []
+        row_of: dict[int, tuple[int, int]] = {}
+        for end in (i for i in range(len(self.tokens)) if i not in is_parent):
+            chain: list[int] = []
+            node = end
+            while node >= 0:
+                chain.append(node)
+                node = self.parents[node]
+            chain.reverse()
+            for offset, node in enumerate(chain):
+                row_of.setdefault(node, (len(chains), offset))
+            chains.append(chain)
+        return chains, row_of
 
 
 def plan_passes(tree: TokenTree, *, max_nodes: int) -> list[TreeBatch]:

@@ -22,6 +22,12 @@ from pcd_engine.planner import TreeBatch
 # No test may reach the Hugging Face Hub: set before transformers / huggingface_hub are imported.
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# MLX's OpenBLAS threads busy-wait and starve torch's in the same process; tests need no BLAS threads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+# OpenBLAS must be loaded before anything imports mlx (tests import mlx_lm directly, before any MLX backend).
+from pcd_engine.backends.mlx import preload_blas  # noqa: E402
+
+preload_blas()
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / ".cache" / "tokenizers"
@@ -100,6 +106,39 @@ def tiny_model(arch: str, vocab_size: int, *, seed: int = 0) -> Any:
     config._attn_implementation = kernel
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=kernel)
     return model.eval()
+
+
+def save_tiny(model: Any, tokenizer: Any, folder: Path) -> Path:
+    """Write a tiny torch model and its tokenizer as a transformers folder (safetensors, fp32)."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def load_mlx_twin(folder: Path, tokenizer: Any) -> tuple[Any, Any]:
+    """Load a folder written by :func:`save_tiny` with ``mlx_lm.load`` twice: a backend (fp32) and a plain model.
+
+    The backend keeps ``tokenizer`` itself: transformers maps some model types to their own tokenizer class on
+    load (a ``qwen2`` folder gets ``Qwen2Tokenizer``, which splits newlines differently from the saved one).
+    The plain model stays unwrapped, for brute-force references.
+    """
+    import json
+
+    import mlx_lm
+
+    from pcd_engine.backends.mlx import MLXBackend
+    from pcd_engine.models import mlx_config_overrides
+
+    overrides = mlx_config_overrides(json.loads((folder / "config.json").read_text()))
+    model, _ = mlx_lm.load(str(folder), model_config=overrides)
+    plain, _ = mlx_lm.load(str(folder), model_config=overrides)
+    return MLXBackend(model, tokenizer), plain
+
+
+def mlx_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("mlx", "mlx_lm"))
 
 
 # ------------------------------------------------------------------------------------------ oracle LM
@@ -209,4 +248,3 @@ def default_engine(smol_path: Path) -> Any:
     from pcd_engine import Engine
 
     return Engine.load()
-

@@ -87,8 +87,8 @@ def test_model_names(tmp_path):
 
 
 def test_unknown_backend():
-    with pytest.raises(BackendUnavailableError, match="Backend 'mlx'"):
-        Engine.load(backend="mlx")
+    with pytest.raises(BackendUnavailableError, match="Backend: expected 'auto', 'torch' or 'mlx', but got 'jax'"):
+        Engine.load(backend="jax")
 
 
 def test_unloadable_repo_is_a_typed_error():

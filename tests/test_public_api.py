@@ -46,7 +46,7 @@ def test_engine_all():
 
 
 def test_backends_all():
-    assert sorted(pcd_engine.backends.__all__) == ["Backend", "Prefix", "RequestState"]
+    assert sorted(pcd_engine.backends.__all__) == ["BACKENDS", "Backend", "Prefix", "RequestState", "select_backend"]
 
 
 def test_integrations_all():

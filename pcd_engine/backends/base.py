@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
+from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.planner import TreeBatch
 
-__all__ = ["Backend", "Prefix", "RequestState"]
+__all__ = ["Backend", "Prefix", "RequestState", "estimate_pass_bytes"]
 
 
 class Prefix(ABC):
@@ -106,6 +107,33 @@ class Backend(ABC):
             The generated token ids (without the prompt).
         """
 
+    def _append_and_score(self, state: Any, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
+        """The body of :meth:`score_tree` shared by backends with a packed scorer and a rows fallback.
+
+        ``state`` has ``ids``, ``length`` and ``cache``; the backend provides ``_packed_pass(cache, past, causal,
+        batch)``, which leaves the causal tokens in the cache, and ``_rows_pass(state, causal, batch)``, which
+        also updates the state.
+        """
+        causal = [int(t) for t in causal]
+        if not causal and -1 in batch.query_rows:
+            raise PromptAlignmentError(
+                "score_tree: expected causal tokens to read the root distribution from, but got none."
+            )
+        if self.scorer == "rows":
+            return self._rows_pass(state, causal, batch)
+        out = self._packed_pass(state.cache, state.length, causal, batch)
+        state.ids.extend(causal)
+        state.length += len(causal)
+        return out
+
+    def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
+        """One tree-packed forward pass (see :meth:`_append_and_score`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no packed scorer.")
+
+    def _rows_pass(self, state: Any, causal: list[int], batch: TreeBatch) -> np.ndarray:
+        """The row-broadcast fallback (see :meth:`_append_and_score`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no rows scorer.")
+
     @property
     def default_memory_budget_mb(self) -> float:
         """The per-pass memory budget used when the engine is given none."""
@@ -115,3 +143,31 @@ class Backend(ABC):
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
         """Estimated peak extra memory, in bytes, of one pass of ``new`` tokens after ``past`` cached ones,
         reading ``rows`` output distributions."""
+
+
+def estimate_pass_bytes(config: Any, *, past: int, new: int, rows: int, masks: int) -> int:
+    """A backend-neutral estimate of one packed pass's peak extra memory, in bytes (fp32 working precision).
+
+    Counts the attention mask(s), one layer's attention scores, the kept logits and their log-softmax, the
+    activations of the new tokens, and their keys and values in every layer.
+
+    Args:
+        config: The model's text config: an object whose attributes may include ``num_attention_heads``,
+            ``hidden_size``, ``intermediate_size``, ``vocab_size`` and ``num_hidden_layers``.
+        past: Tokens already in the cache.
+        new: Tokens fed in this pass.
+        rows: Output distributions read.
+        masks: Number of distinct masks built (2 for models with sliding-window layers).
+    """
+    heads = int(getattr(config, "num_attention_heads", 8) or 8)
+    hidden = int(getattr(config, "hidden_size", 512) or 512)
+    inter = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
+    vocab = int(getattr(config, "vocab_size", 32000) or 32000)
+    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
+    width = past + new
+    mask_bytes = masks * new * width * 4
+    scores = heads * new * width * 4 * 2
+    logits = rows * vocab * 4 * 2
+    acts = new * (4 * hidden + 2 * inter) * 4
+    kv = 2 * layers * new * hidden * 4
+    return mask_bytes + scores + logits + acts + kv

@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError, PromptAlignmentError
+from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes
+from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
 from pcd_engine.planner import TreeBatch
 
 __all__ = ["TorchBackend"]
@@ -173,17 +173,7 @@ class TorchBackend(Backend):
         """Append ``causal`` and read the tree's log-probabilities in one pass (see :class:`Backend`)."""
         if not isinstance(state, TorchState):
             raise TypeError(f"score_tree: expected a TorchState, but got {type(state).__name__}.")
-        causal = [int(t) for t in causal]
-        if not causal and -1 in batch.query_rows:
-            raise PromptAlignmentError(
-                "score_tree: expected causal tokens to read the root distribution from, but got none."
-            )
-        if self.scorer == "rows":
-            return self._rows_pass(state, causal, batch)
-        out = self._packed_pass(state.cache, state.length, causal, batch)
-        state.ids.extend(causal)
-        state.length += len(causal)
-        return out
+        return self._append_and_score(state, causal, batch)
 
     def generate_greedy(
         self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
@@ -217,19 +207,8 @@ class TorchBackend(Backend):
         return float(min(total / 4, 16384.0))
 
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
-        """Mask(s), one layer's attention scores, the kept logits and their log-softmax, and activations."""
-        cfg = self._config
-        heads = int(getattr(cfg, "num_attention_heads", 8))
-        hidden = int(getattr(cfg, "hidden_size", 512))
-        inter = int(getattr(cfg, "intermediate_size", 4 * hidden))
-        vocab = int(getattr(cfg, "vocab_size", 32000))
-        width = past + new
-        masks = (2 if self._sliding else 1) * new * width * 4
-        scores = heads * new * width * 4 * 2
-        logits = rows * vocab * 4 * 2
-        acts = new * (4 * hidden + 2 * inter) * 4
-        kv = 2 * int(getattr(cfg, "num_hidden_layers", 1)) * new * hidden * 4
-        return masks + scores + logits + acts + kv
+        """See :func:`~pcd_engine.backends.base.estimate_pass_bytes`."""
+        return estimate_pass_bytes(self._config, past=past, new=new, rows=rows, masks=2 if self._sliding else 1)
 
     # ------------------------------------------------------------------------------------------ packed
 
@@ -255,20 +234,7 @@ class TorchBackend(Backend):
 
     def _masks(self, past: int, causal: int, batch: TreeBatch) -> tuple[Any, np.ndarray]:
         torch = _torch()
-        n = len(batch.tokens)
-        t = causal + n
-        qpos = np.concatenate([past + np.arange(causal), past + causal + np.asarray(batch.depths, dtype=np.int64)])
-        kpos = np.concatenate([np.arange(past), qpos])
-        visible = np.zeros((t, past + t), dtype=bool)
-        visible[:, :past] = True
-        visible[:causal, past : past + causal] = np.tril(np.ones((causal, causal), dtype=bool))
-        visible[causal:, past : past + causal] = True
-        ancestors = np.zeros((n, n), dtype=bool)
-        for i, parent in enumerate(batch.parents):
-            if parent >= 0:
-                ancestors[i] = ancestors[parent]
-            ancestors[i, i] = True
-        visible[causal:, past + causal :] = ancestors
+        visible, qpos, kpos = batch.visibility(past, causal)
         hidden = torch.finfo(self._dtype).min
 
         def to_tensor(v: np.ndarray) -> Any:
@@ -339,20 +305,7 @@ class TorchBackend(Backend):
         state.cache, last = self._extend_native(state.cache, causal)
         state.ids.extend(causal)
         state.length += len(causal)
-        n = len(batch.tokens)
-        is_parent = {p for p in batch.parents if p >= 0}
-        chains: list[list[int]] = []
-        row_of: dict[int, tuple[int, int]] = {}
-        for end in (i for i in range(n) if i not in is_parent):
-            chain: list[int] = []
-            node = end
-            while node >= 0:
-                chain.append(node)
-                node = batch.parents[node]
-            chain.reverse()
-            for offset, node in enumerate(chain):
-                row_of.setdefault(node, (len(chains), offset))
-            chains.append(chain)
+        chains, row_of = batch.chains()
         dists: dict[int, Any] = {}
         if last is not None:
             dists[-1] = torch.log_softmax(last, dim=-1)

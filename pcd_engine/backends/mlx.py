@@ -1,0 +1,511 @@
+"""Apple MLX backend on mlx-lm (0.32.x).
+
+Tree-packed scoring: mlx-lm models read their attention mask from ``cache.make_mask(...)`` and their RoPE
+positions from ``cache.offset``. The packed scorer therefore gives every layer a thin cache of its own
+(:class:`_TreeLayer`) that keeps the whole history by concatenation and, during a pass, answers ``make_mask`` with
+the tree mask (with the window built in for sliding layers) and ``offset`` with the per-token positions. MLX's
+fused RoPE takes one offset per batch row only, so each attention layer's ``rope`` is wrapped once
+(:func:`_tree_rope`) to move the tokens into the batch axis when it receives per-token positions; with an integer
+offset the wrapper is a plain pass-through. The model's final norm is wrapped the same way (:func:`_row_picker`)
+so that the vocabulary projection runs only on the rows a pass reads.
+
+Models whose default caches are not plain ``KVCache`` / ``RotatingKVCache`` (recurrent or hybrid layers such as
+``ArraysCache``), or whose attention layers have no ``rope`` to wrap, fall back to row broadcast: the request's
+own mlx-lm cache is copied with the cache API (``from_state``; the state carries the offset) and repeated over a
+batch of rows, one root-to-leaf chain per row.
+
+On Linux the ``mlx[cpu]`` wheel ships a reference BLAS that is about 35x slower than OpenBLAS for fp32; when the
+system has OpenBLAS (Debian: ``libopenblas0-pthread``) it is loaded with global symbols before mlx is first
+imported, so mlx's BLAS calls resolve to it (:func:`preload_blas`). ``PCD_MLX_BLAS`` names another library, or
+``none`` to skip this. OpenBLAS threads busy-wait between calls; a process that also runs PyTorch should set
+``OPENBLAS_NUM_THREADS=1``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes
+from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
+from pcd_engine.planner import TreeBatch
+
+__all__ = ["MLXBackend", "preload_blas"]
+
+_MASKABLE_CACHES = {"KVCache", "RotatingKVCache"}
+_INSTALL = 'pip install "pcd[mlx]" (on Linux: pip install "mlx[cpu]" mlx-lm)'
+
+
+def preload_blas() -> bool:
+    """Load OpenBLAS with global symbols so that mlx's BLAS calls bind to it instead of the reference BLAS.
+
+    Only on Linux, and only before ``mlx.core`` is first imported (Python loads extensions with ``RTLD_NOW``, so
+    the BLAS symbols are bound once, at import). :class:`MLXBackend` calls this itself; call it yourself first
+    if your program imports ``mlx`` or ``mlx_lm`` before pcd. ``PCD_MLX_BLAS`` names the library to load, or
+    ``none`` to keep the reference BLAS.
+
+    Returns:
+        True when a library was loaded by this call.
+    """
+    global _BLAS_TRIED
+    choice = os.environ.get("PCD_MLX_BLAS", "")
+    if _BLAS_TRIED or choice.lower() == "none" or not sys.platform.startswith("linux"):
+        return False
+    _BLAS_TRIED = True
+    if "mlx.core" in sys.modules:
+        warnings.warn(
+            "mlx was imported before pcd could load OpenBLAS for it, so MLX runs on its reference BLAS (much slower "
+            "on CPU). Import pcd_engine.backends.mlx and call preload_blas() before importing mlx or mlx_lm.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    candidates = [choice] if choice else [ctypes.util.find_library("openblas") or "", "libopenblas.so.0"]
+    for name in filter(None, candidates):
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+_BLAS_TRIED = False
+
+
+def _mlx() -> Any:
+    preload_blas()
+    try:
+        import mlx.core as mx
+        import mlx_lm  # noqa: F401 - checked here so that the error names both packages
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"Backend 'mlx': expected the packages mlx and mlx-lm to be importable, but {exc.name or 'mlx'} is "
+            f"missing. Install with: {_INSTALL}."
+        ) from exc
+    return mx
+
+
+@functools.cache
+def _wrappers() -> tuple[type, type]:
+    """The two module wrappers, defined on first use so that importing this file never imports mlx."""
+    _mlx()
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class TreeRoPE(nn.Module):
+        """A layer's RoPE that also takes one position per token (``offset`` of shape ``[L]``, batch of 1)."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def __call__(self, x: Any, offset: Any = 0) -> Any:
+            if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
+                # [1, H, L, D] -> [L, H, 1, D]: one token per batch row, each with its own offset.
+                return self.inner(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
+            return self.inner(x, offset=offset)
+
+    class RowPicker(nn.Module):
+        """The model's final norm, followed by keeping only the sequence rows the current pass reads."""
+
+        def __init__(self, inner: Any, shared: _Pass) -> None:
+            super().__init__()
+            self.inner = inner
+            self._shared = shared
+
+        def __call__(self, x: Any) -> Any:
+            keep = self._shared.keep
+            return self.inner(x if keep is None else x[:, keep])
+
+    return TreeRoPE, RowPicker
+
+
+class _Pass:
+    """What the model reads through its caches during one packed pass: the mask and the positions."""
+
+    def __init__(self) -> None:
+        self.keep: Any = None
+        self.positions: Any = 0
+        self._visible: np.ndarray | None = None
+        self._distance: np.ndarray | None = None
+        self._causal_only = False
+        self._masks: dict[int | None, Any] = {}
+
+    def begin(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, *, causal_only: bool) -> None:
+        mx = _mlx()
+        self._visible = visible
+        self._distance = qpos[:, None] - kpos[None, :]
+        self._causal_only = causal_only
+        self._masks = {}
+        past = int(kpos.shape[0] - qpos.shape[0])
+        # A block of consecutive positions takes mlx's ordinary integer offset.
+        self.positions = past if causal_only else mx.array(qpos.astype(np.int32))
+
+    def end(self) -> None:
+        self._visible = self._distance = None
+        self._masks = {}
+        self.positions = 0
+        self.keep = None
+
+    def mask(self, window: int | None, *, return_array: bool = False) -> Any:
+        if self._visible is None or self._distance is None:
+            raise RuntimeError("The packed MLX cache was used outside a pass.")
+        if window is None and self._causal_only and not return_array:
+            return "causal" if self._visible.shape[0] > 1 else None
+        if window not in self._masks:
+            mx = _mlx()
+            visible = self._visible if window is None else self._visible & (self._distance < window)
+            self._masks[window] = mx.array(visible)
+        return self._masks[window]
+
+
+class _TreeLayer:
+    """One layer's KV cache for the packed scorer: the whole history, grown by concatenation (so a fork that
+    shares arrays with its prefix never writes into them), with the current pass's mask and positions."""
+
+    def __init__(self, shared: _Pass, *, window: int | None, keys: Any = None, values: Any = None) -> None:
+        self.shared = shared
+        self.window = window
+        self.keys = keys
+        self.values = values
+        self.length = 0 if keys is None else int(keys.shape[2])
+
+    @property
+    def offset(self) -> Any:
+        """What attention passes to RoPE: the integer start of a causal block, or one position per token."""
+        return self.shared.positions
+
+    def make_mask(self, n: int, *, window_size: int | None = None, return_array: bool = False) -> Any:
+        return self.shared.mask(window_size or self.window, return_array=return_array)
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            mx = _mlx()
+            self.keys = mx.concatenate([self.keys, keys], axis=2)
+            self.values = mx.concatenate([self.values, values], axis=2)
+        self.length = int(self.keys.shape[2])
+        return self.keys, self.values
+
+    def crop(self, n: int) -> None:
+        if n and self.keys is not None:
+            self.length -= n
+            self.keys = self.keys[:, :, : self.length]
+            self.values = self.values[:, :, : self.length]
+
+    def fork(self) -> _TreeLayer:
+        return _TreeLayer(self.shared, window=self.window, keys=self.keys, values=self.values)
+
+
+@dataclass
+class MLXPrefix(Prefix):
+    """A prefilled head: its token ids and its per-layer caches."""
+
+    ids: tuple[int, ...]
+    cache: list[Any]
+    length: int
+
+
+@dataclass
+class MLXState(RequestState):
+    """A request: the forked caches, the ids they hold, and their count."""
+
+    ids: list[int]
+    cache: list[Any]
+    length: int
+
+
+class MLXBackend(Backend):
+    """Scores packed token trees with an mlx-lm model.
+
+    Args:
+        model: A loaded mlx-lm model (``mlx_lm.load(...)[0]``).
+        tokenizer: Its Hugging Face tokenizer (an mlx-lm ``TokenizerWrapper`` is unwrapped).
+        scorer: ``"auto"``, ``"packed"`` or ``"rows"``. ``"auto"`` picks packed when every default cache is a
+            plain or rotating KV cache and every attention layer has a ``rope`` to wrap.
+        device: ``None`` for MLX's default device, or ``"cpu"`` / ``"gpu"``.
+
+    Raises:
+        OptionError: If ``scorer`` or ``device`` is unknown, or ``"packed"`` is forced on a model that cannot do it.
+        BackendUnavailableError: If mlx or mlx-lm is not installed.
+    """
+
+    name = "mlx"
+
+    def __init__(self, model: Any, tokenizer: Any, *, scorer: str = "auto", device: str | None = None) -> None:
+        mx = _mlx()
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+        if scorer not in ("auto", "packed", "rows"):
+            raise OptionError(f"Scorer: expected 'auto', 'packed' or 'rows', but got {scorer!r}.")
+        if device not in (None, "cpu", "gpu"):
+            raise OptionError(f"Device (mlx): expected None, 'cpu' or 'gpu', but got {device!r}.")
+        self.model = model
+        self.tokenizer = tokenizer._tokenizer if isinstance(tokenizer, TokenizerWrapper) else tokenizer
+        self.forward_passes = 0
+        self._device = None if device is None else getattr(mx, device)
+        self._args = getattr(model, "args", None)
+        defaults = make_prompt_cache(model)
+        kinds = {type(c).__name__ for c in defaults}
+        layers = list(getattr(model, "layers", []))
+        attention: list[Any] = [getattr(layer, "self_attn", None) for layer in layers]
+        maskable = bool(layers) and kinds <= _MASKABLE_CACHES and all(hasattr(a, "rope") for a in attention)
+        if scorer == "packed" and not maskable:
+            raise OptionError(
+                f"Scorer 'packed': expected plain or rotating KV caches and attention layers with a 'rope', but this "
+                f"model has caches {sorted(kinds)}. Use scorer='auto'."
+            )
+        self.scorer = "packed" if scorer == "auto" and maskable else ("rows" if scorer == "auto" else scorer)
+        self._shared = _Pass()
+        # Sliding layers keep their whole history here; their window goes into the mask instead.
+        self._windows = [c.max_size if type(c).__name__ == "RotatingKVCache" else None for c in defaults]
+        tree_rope, row_picker = _wrappers()
+        if self.scorer == "packed":
+            for attn in attention:
+                if not isinstance(attn.rope, tree_rope):
+                    attn.rope = tree_rope(attn.rope)
+        inner: Any = getattr(model, "model", None)
+        norm = getattr(inner, "norm", None)
+        self._picker: Any = None
+        if norm is not None and callable(norm):
+            self._picker = norm if isinstance(norm, row_picker) else row_picker(norm, self._shared)
+            inner.norm = self._picker
+
+    @classmethod
+    def load(
+        cls, path: str, *, device: str | None = None, dtype: str | None = None, scorer: str = "auto"
+    ) -> MLXBackend:
+        """Load a model with ``mlx_lm.load``: a local folder, or a repo id (MLX conversions, 4-bit included).
+
+        A config.json written by transformers 5 gets the top-level keys mlx-lm reads
+        (:func:`~pcd_engine.models.mlx_config_overrides`), without changing the folder.
+
+        Args:
+            path: A local folder with ``config.json``, or a repo id in the local Hugging Face cache.
+            device: ``None``, ``"cpu"`` or ``"gpu"``.
+            dtype: ``None`` keeps the stored weights (quantized ones included); ``"float32"``, ``"bfloat16"`` or
+                ``"float16"`` casts the floating-point parameters.
+            scorer: See :class:`MLXBackend`.
+
+        Raises:
+            ModelLoadError: If the model cannot be loaded.
+            OptionError: If ``dtype`` is unknown.
+        """
+        mx = _mlx()
+        import mlx_lm
+
+        from pcd_engine.models import mlx_config_overrides
+
+        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+            raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
+        overrides: dict[str, Any] = {}
+        config_file = os.path.join(path, "config.json")
+        if os.path.isfile(config_file):
+            import json
+
+            with open(config_file) as f:
+                overrides = mlx_config_overrides(json.load(f))
+        try:
+            loaded: Any = mlx_lm.load(path, model_config=overrides)
+        except Exception as exc:  # mlx-lm raises OSError, ValueError and hub errors alike
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ModelLoadError(
+                f"Model {path!r}: expected a local MLX/transformers model folder or a repo id in the local Hugging "
+                f"Face cache, but mlx_lm.load failed: {first}"
+            ) from exc
+        model, tokenizer = loaded[0], loaded[1]
+        if dtype is not None:
+            model.set_dtype(getattr(mx, dtype))
+        return cls(model, tokenizer, scorer=scorer, device=device)
+
+    @property
+    def max_context(self) -> int:
+        """The model's ``max_position_embeddings`` (or 32768 when its arguments have none)."""
+        return int(getattr(self._args, "max_position_embeddings", 0) or 32768)
+
+    # ------------------------------------------------------------------------------------------ contract
+
+    def prefill(self, ids: Sequence[int]) -> MLXPrefix:
+        """Run the head once and keep its cache: tree layers (packed), or the model's own caches (rows)."""
+        ids = tuple(int(i) for i in ids)
+        if self.scorer == "rows":
+            return MLXPrefix(ids, self._extend_native(None, list(ids))[0], len(ids))
+        cache = self._new_cache()
+        if ids:
+            empty = TreeBatch((), (), (), (), (), ())
+            self._packed_pass(cache, 0, list(ids), empty)
+        return MLXPrefix(ids, cache, len(ids))
+
+    def start(self, prefix: Prefix) -> MLXState:
+        """Fork the prefix: tree layers share its arrays (they only ever concatenate); the rows scorer copies the
+        model's own caches with ``from_state``, because a ``KVCache`` writes into its buffer in place."""
+        if not isinstance(prefix, MLXPrefix):
+            raise TypeError(f"start: expected an MLXPrefix, but got {type(prefix).__name__}.")
+        if self.scorer == "rows":
+            return MLXState(list(prefix.ids), self._copy_native(prefix.cache), prefix.length)
+        return MLXState(list(prefix.ids), self._fork(prefix.cache), prefix.length)
+
+    def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
+        """Append ``causal`` and read the tree's log-probabilities in one pass (see :class:`Backend`)."""
+        if not isinstance(state, MLXState):
+            raise TypeError(f"score_tree: expected an MLXState, but got {type(state).__name__}.")
+        return self._append_and_score(state, causal, batch)
+
+    def generate_greedy(
+        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
+    ) -> list[int]:
+        """Plain greedy decoding with the model's own caches and masks."""
+        mx = _mlx()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(self.model)
+        inputs = [int(i) for i in ids]
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            logits = self._forward(mx.array([inputs]), cache, keep=[len(inputs) - 1])
+            token = int(mx.argmax(logits[0, -1]).item())
+            out.append(token)
+            if stop(out):
+                break
+            inputs = [token]
+        return out
+
+    @property
+    def default_memory_budget_mb(self) -> float:
+        """1 GiB on CPU; with Metal a quarter of the unified memory, at most 16 GiB."""
+        mx = _mlx()
+        try:
+            if mx.metal.is_available() and self._device != mx.cpu:
+                total = float(mx.metal.device_info()["memory_size"]) / 2**20
+                return float(min(total / 4, 16384.0))
+        except (AttributeError, KeyError, RuntimeError):
+            pass
+        return 1024.0
+
+    def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
+        """See :func:`~pcd_engine.backends.base.estimate_pass_bytes`."""
+        masks = 2 if any(w is not None for w in self._windows) else 1
+        return estimate_pass_bytes(self._args, past=past, new=new, rows=rows, masks=masks)
+
+    # ------------------------------------------------------------------------------------------ packed
+
+    def _new_cache(self) -> list[_TreeLayer]:
+        return [_TreeLayer(self._shared, window=w) for w in self._windows]
+
+    def _fork(self, cache: list[Any]) -> list[_TreeLayer]:
+        return [layer.fork() for layer in cache]
+
+    def _forward(self, inputs: Any, cache: list[Any], *, keep: Sequence[int] | None) -> Any:
+        """One model call; returns float32 logits of the ``keep`` rows (all rows when ``None``)."""
+        mx = _mlx()
+        if self._picker is not None:
+            self._picker._shared = self._shared  # another backend on the same model may have wrapped it last
+        self._shared.keep = None if keep is None or self._picker is None else mx.array(list(keep))
+        try:
+            if self._device is None:
+                logits = self.model(inputs, cache=cache)
+            else:
+                with mx.stream(self._device):
+                    logits = self.model(inputs, cache=cache)
+        finally:
+            self._shared.keep = None
+        self.forward_passes += 1
+        if keep is not None and self._picker is None:
+            logits = logits[:, list(keep)]
+        return logits.astype(mx.float32)
+
+    def _packed_pass(self, cache: list[_TreeLayer], past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
+        mx = _mlx()
+        n = len(batch.tokens)
+        if not causal and n == 0:
+            return np.zeros(0)
+        visible, qpos, kpos = batch.visibility(past, len(causal))
+        rows = [r + len(causal) for r in batch.query_rows]
+        keep = sorted(set(rows)) if rows else [len(causal) + n - 1]
+        self._shared.begin(visible, qpos, kpos, causal_only=n == 0)
+        try:
+            logits = self._forward(mx.array([causal + list(batch.tokens)]), cache, keep=keep)[0]
+        finally:
+            self._shared.end()
+        for layer in cache:
+            layer.crop(n)
+        if not batch.query_rows:
+            mx.eval([a for layer in cache for a in (layer.keys, layer.values)])
+            return np.zeros(0)
+        index = {row: i for i, row in enumerate(keep)}
+        picked_rows = mx.array([index[r] for r in rows])
+        norm = mx.logsumexp(logits, axis=-1)
+        picked = logits[picked_rows, mx.array(list(batch.query_tokens))] - norm[picked_rows]
+        mx.eval(picked, [a for layer in cache for a in (layer.keys, layer.values)])
+        return np.array(picked, dtype=np.float64)
+
+    # ------------------------------------------------------------------------------------------ rows fallback
+
+    def _copy_native(self, cache: list[Any], *, repeat: int = 1) -> list[Any]:
+        """Copy mlx-lm caches through their state (which carries the offset), optionally repeated over a batch."""
+        mx = _mlx()
+        from mlx.utils import tree_map
+
+        def copy(x: Any) -> Any:
+            if not isinstance(x, mx.array):
+                return x
+            return mx.repeat(x, repeat, axis=0) if repeat > 1 else mx.array(x)
+
+        return [type(c).from_state(tree_map(copy, c.state)) for c in cache]
+
+    def _extend_native(self, cache: list[Any] | None, ids: list[int]) -> tuple[list[Any], Any]:
+        """Run ``ids`` on top of the model's own caches (``None`` starts them); return them and the last logits."""
+        mx = _mlx()
+        from mlx_lm.models.cache import make_prompt_cache
+
+        if cache is None:
+            cache = make_prompt_cache(self.model)
+        if not ids:
+            return cache, None
+        logits = self._forward(mx.array([ids]), cache, keep=[len(ids) - 1])[0, -1]
+        mx.eval(logits, [c.state for c in cache])
+        return cache, logits
+
+    def _rows_pass(self, state: MLXState, causal: list[int], batch: TreeBatch, *, rows_per_call: int = 8) -> np.ndarray:
+        """Row broadcast: extend the request's own caches by ``causal``, then score each root-to-leaf chain as a
+        row on a copy of them repeated over the batch (right-padded; padding comes after every read)."""
+        mx = _mlx()
+        state.cache, last = self._extend_native(state.cache, causal)
+        state.ids.extend(causal)
+        state.length += len(causal)
+        chains, row_of = batch.chains()
+        dists: dict[int, Any] = {}
+        if last is not None:
+            dists[-1] = last - mx.logsumexp(last)
+        wanted = {r for r in batch.query_rows if r >= 0}
+        for start in range(0, len(chains), rows_per_call):
+            group = chains[start : start + rows_per_call]
+            if not any(node in wanted for chain in group for node in chain):
+                continue
+            longest = max(len(c) for c in group)
+            inputs = np.zeros((len(group), longest), dtype=np.int32)
+            for g, chain in enumerate(group):
+                inputs[g, : len(chain)] = [batch.tokens[c] for c in chain]
+            rows_cache = self._copy_native(state.cache, repeat=len(group))
+            logits = self._forward(mx.array(inputs), rows_cache, keep=None)
+            for node in wanted:
+                chain_index, offset = row_of[node]
+                if start <= chain_index < start + len(group):
+                    row = logits[chain_index - start, offset]
+                    dists[node] = row - mx.logsumexp(row)
+        if not batch.query_rows:
+            return np.zeros(0)
+        picked = mx.stack([dists[row][token] for row, token in zip(batch.query_rows, batch.query_tokens, strict=True)])
+        return np.array(picked, dtype=np.float64)

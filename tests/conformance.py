@@ -1,0 +1,188 @@
+"""The backend conformance suite: tree-packed scoring equals scoring each label path alone (fp32, 1e-4).
+
+Each backend's test file subclasses :class:`BackendConformance` and supplies, as fixtures and methods:
+
+- ``backend``: a backend on a tiny random model, parametrized over the architectures it can build;
+- ``brute_force``: log p of each path token, scoring each path alone with the model's own caches and masks;
+- ``snapshot`` / ``cache_lengths``: read a prefix's cache contents and a state's per-layer lengths;
+- ``rows_backend``: the same model behind the row-broadcast fallback.
+
+The tests use one label set with shared prefixes and one 300-label field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pcd_engine import Engine, compile_schema
+from pcd_engine.compiler import compile_wave
+from pcd_engine.planner import TreeBatch, plan_passes
+from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+
+TEXT = "The parcel arrived two weeks late and the box was crushed. I would like a refund within 12 hours, please."
+
+SHARED_PREFIXES = {
+    "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
+    "refund": {"type": "boolean", "description": "Asks for money back"},
+    "level": {"type": "enum", "choices": [1, 12, 123, 2]},
+    "tone": {"type": "enum", "choices": ["angry", "angr", "calm"]},
+}
+BIG = {"product": {"type": "enum", "choices": [f"SKU-{i:03d}" for i in range(300)]}}
+
+
+def packed_logprobs(backend: Any, preset: dict, *, max_nodes: int = 10_000) -> dict[str, Any]:
+    """Score ``preset``'s whole first wave on ``backend`` the way the engine does, pass by pass."""
+    tv = TokenizerView(backend.tokenizer)
+    schema = compile_schema(preset)
+    prompt = ChatPrompt.build(tv, schema)
+    ids = prompt.request_ids(tv, TEXT)
+    wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    assert tuple(ids[len(ids) - len(wave.tail_ids) :]) == wave.tail_ids
+    causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
+    prefix = backend.prefill(prompt.head_ids)
+    state = backend.start(prefix)
+    pending = ids[len(prompt.head_ids) : causal_end]
+    logprobs = np.full(len(wave.tree), np.nan)
+    passes = plan_passes(wave.tree, max_nodes=max_nodes)
+    for batch in passes:
+        logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=pending, batch=batch)
+        pending = []
+    return {
+        "context": ids[:causal_end],
+        "wave": wave,
+        "logprobs": logprobs,
+        "passes": passes,
+        "prefix": prefix,
+        "state": state,
+    }
+
+
+def check_paths(brute_force: Any, wave: Any, context: list[int], logprobs: np.ndarray) -> None:
+    """Every label path's packed log-probs equal ``brute_force(context, paths)`` (fp32, 1e-4)."""
+    paths = [path for trie in wave.fields for path in trie.paths]
+    tokens = [[wave.tree.tokens[n] for n in path.nodes] for path in paths]
+    for path, expected in zip(paths, brute_force(list(context), tokens), strict=True):
+        np.testing.assert_allclose(logprobs[list(path.nodes)], expected, atol=1e-4, rtol=0)
+
+
+class BackendConformance:
+    """Tests every backend must pass; see the module docstring for what a subclass provides."""
+
+    def brute_force(self, backend: Any, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    def snapshot(self, prefix: Any) -> Any:
+        raise NotImplementedError
+
+    def cache_lengths(self, state: Any) -> list[int]:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def rows_backend(self, backend: Any) -> Any:
+        raise NotImplementedError
+
+    def check_against_brute_force(self, backend: Any, wave: Any, context: list[int], logprobs: np.ndarray) -> None:
+        check_paths(lambda c, p: self.brute_force(backend, c, p), wave, context, logprobs)
+
+    @pytest.mark.parametrize("preset", [SHARED_PREFIXES, BIG], ids=["shared-prefixes", "300-labels"])
+    def test_packed_equals_brute_force(self, backend, preset):
+        run = packed_logprobs(backend, preset)
+        assert len(run["passes"]) == 1
+        assert not np.isnan(run["logprobs"]).any()
+        self.check_against_brute_force(backend, run["wave"], run["context"], run["logprobs"])
+
+    def check_prefix_untouched(self, backend: Any) -> dict[str, Any]:
+        """Score a wave twice from one prefix: the prefix's cache must not change, nor the answers."""
+        first = packed_logprobs(backend, SHARED_PREFIXES)
+        before = self.snapshot(first["prefix"])
+        state = backend.start(first["prefix"])
+        tokens = first["context"][first["prefix"].length :]
+        batch = plan_passes(first["wave"].tree, max_nodes=10_000)[0]
+        again = np.zeros(len(first["wave"].tree))
+        again[list(batch.query_nodes)] = backend.score_tree(state, causal=tokens, batch=batch)
+        after = self.snapshot(first["prefix"])
+        assert len(before) > 0
+        for a, b in zip(before, after, strict=True):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(again, first["logprobs"], atol=1e-5, rtol=0)
+        assert state.length == len(first["context"])
+        return {"state": state, "context": first["context"]}
+
+    def test_prefix_untouched_and_tree_cropped(self, backend):
+        """Requests never write into the shared prefix, and a state holds exactly its causal tokens afterwards."""
+        run = self.check_prefix_untouched(backend)
+        assert set(self.cache_lengths(run["state"])) == {len(run["context"])}
+
+    def test_rows_prefix_untouched(self, rows_backend):
+        self.check_prefix_untouched(rows_backend)
+
+    def test_split_passes_equal_one_pass(self, backend):
+        one = packed_logprobs(backend, SHARED_PREFIXES)
+        split = packed_logprobs(backend, SHARED_PREFIXES, max_nodes=5)
+        assert len(split["passes"]) > 2
+        np.testing.assert_allclose(split["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
+
+    def test_wrong_positions_are_detected(self, backend, monkeypatch):
+        """The check can fail: shifting every tree position by one moves the log-probs well past the tolerance."""
+        good = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
+        original = TreeBatch.visibility
+
+        def shifted(batch, past, causal):
+            visible, qpos, kpos = original(batch, past, causal)
+            qpos, kpos = qpos.copy(), kpos.copy()
+            qpos[causal:] += 1
+            kpos[past + causal :] += 1
+            return visible, qpos, kpos
+
+        monkeypatch.setattr(TreeBatch, "visibility", shifted)
+        bad = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
+        assert np.abs(bad - good).max() > 1e-3
+
+    def test_second_wave_matches_brute_force(self, backend):
+        """A wave after the anchor: written answers ride as causal tokens in front of the next tree."""
+        tv = TokenizerView(backend.tokenizer)
+        schema = compile_schema(SHARED_PREFIXES)
+        prompt = ChatPrompt.build(tv, schema)
+        ids = prompt.request_ids(tv, TEXT)
+        first = compile_wave(tv, schema.fields[:1], boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+        tail = prompt.tail_text + field_line("deadline", '"12_HOURS"')
+        second = compile_wave(tv, schema.fields[1:], boundary_text=prompt.boundary_text, tail_text=tail)
+        base = len(ids) - len(first.tail_ids)
+        state = backend.start(backend.prefill(prompt.head_ids))
+        backend.score_tree(
+            state,
+            causal=ids[len(prompt.head_ids) : base + first.causal_len],
+            batch=plan_passes(first.tree, max_nodes=999)[0],
+        )
+        causal = list(second.tail_ids[first.causal_len : second.causal_len])
+        batch = plan_passes(second.tree, max_nodes=999)[0]
+        logprobs = np.zeros(len(second.tree))
+        logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=causal, batch=batch)
+        context = ids[:base] + list(second.tail_ids[: second.causal_len])
+        self.check_against_brute_force(backend, second, context, logprobs)
+
+    def test_rows_fallback_equals_brute_force(self, rows_backend):
+        assert rows_backend.scorer == "rows"
+        run = packed_logprobs(rows_backend, SHARED_PREFIXES)
+        self.check_against_brute_force(rows_backend, run["wave"], run["context"], run["logprobs"])
+
+    def test_rows_fallback_equals_packed(self, backend, rows_backend):
+        packed = Engine(backend, anchor=True).extract(TEXT, SHARED_PREFIXES)
+        fallback = Engine(rows_backend, anchor=True).extract(TEXT, SHARED_PREFIXES)
+        assert fallback.values == packed.values
+        for name in packed.values:
+            assert fallback.fields[name].probability == pytest.approx(packed.fields[name].probability, abs=1e-4)
+        assert any("one row each" in w for w in fallback.warnings)
+
+    def test_engine_one_pass_per_wave(self, backend):
+        engine = Engine(backend, anchor=False)
+        engine.extract(TEXT, SHARED_PREFIXES)  # warm the head cache
+        out = engine.extract(TEXT, SHARED_PREFIXES)
+        assert out.stats.forward_passes == 1
+        assert out.stats.cached_tokens > 0
+        anchored = Engine(backend, anchor=True)
+        anchored.extract(TEXT, SHARED_PREFIXES)
+        assert anchored.extract(TEXT, SHARED_PREFIXES).stats.forward_passes == 2

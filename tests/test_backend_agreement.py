@@ -1,0 +1,69 @@
+"""PyTorch and MLX agree on the same weights: log-probs within 1e-4 (fp32) and identical decisions.
+
+The tiny random models are built in PyTorch and converted once, in the test, by writing a transformers folder
+that ``mlx_lm.load`` reads. Gemma 2 is left out on purpose: mlx-lm's Gemma 2 has no sliding window while
+transformers' has, so the two libraries define different models once the prompt outgrows the window (the MLX
+conformance suite still covers mlx-lm's Gemma 2 against its own brute force).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pcd_engine import Engine
+from pcd_engine.backends.torch import TorchBackend
+from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from tests.conformance import BIG, SHARED_PREFIXES, TEXT, packed_logprobs
+from tests.conftest import load_mlx_twin, mlx_available, save_tiny, tiny_model
+
+pytestmark = pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
+
+AGREEMENT_ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+
+
+@pytest.fixture(scope="module", params=AGREEMENT_ARCHS)
+def twins(request, smol_tokenizer, tmp_path_factory):
+    model = tiny_model(request.param, len(smol_tokenizer))
+    folder = save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("twin"))
+    return TorchBackend(model, smol_tokenizer), load_mlx_twin(folder, smol_tokenizer)[0]
+
+
+@pytest.mark.parametrize("preset", [SHARED_PREFIXES, BIG], ids=["shared-prefixes", "300-labels"])
+def test_logprobs_agree(twins, preset):
+    torch_run = packed_logprobs(twins[0], preset)
+    mlx_run = packed_logprobs(twins[1], preset)
+    assert torch_run["context"] == mlx_run["context"]
+    assert torch_run["wave"].tree == mlx_run["wave"].tree
+    np.testing.assert_allclose(mlx_run["logprobs"], torch_run["logprobs"], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("anchor", [True, False])
+def test_decisions_agree(twins, anchor):
+    torch_out = Engine(twins[0], anchor=anchor).extract(TEXT, SHARED_PREFIXES)
+    mlx_out = Engine(twins[1], anchor=anchor).extract(TEXT, SHARED_PREFIXES)
+    assert mlx_out.values == torch_out.values
+    assert mlx_out.stats.forward_passes == torch_out.stats.forward_passes
+    for name, field in torch_out.fields.items():
+        assert mlx_out.fields[name].probability == pytest.approx(field.probability, abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def mlx_engine(smol_path):
+    return Engine.load(backend="mlx")
+
+
+@pytest.mark.real_model
+def test_smollm2_agrees_on_every_example_preset(default_engine, mlx_engine, record_property):
+    """The embedded SmolLM2 on both backends: identical decisions on at least 99% of all fields."""
+    assert mlx_engine.backend.name == "mlx" and mlx_engine.backend.scorer == "packed"
+    same = total = 0
+    for name in EXAMPLE_PRESETS:
+        preset = example_preset(name)
+        torch_out = default_engine.extract(preset.context, preset.schema)
+        mlx_out = mlx_engine.extract(preset.context, preset.schema)
+        total += len(torch_out.values)
+        same += sum(mlx_out.values[k] == v for k, v in torch_out.values.items())
+    record_property("identical_fields", f"{same}/{total}")
+    assert total == sum(len(example_preset(name).schema.fields) for name in EXAMPLE_PRESETS)
+    assert same >= 0.99 * total, f"only {same}/{total} fields agree"
