@@ -5,6 +5,8 @@ that busy-wait and would slow PyTorch's threads down in a shared process. For ea
 
 * ``default ms``: ``extract`` with default settings (anchor, depends_on waves), median of N, warm head cache;
 * ``1-pass ms``: ``anchor=False`` and ``depends_on`` dropped, so the request is ONE forward pass;
+* ``floor``: ONE plain causal pass of the model over the same number of new tokens on the same warm head, with
+  its own causal mask, reading the same number of rows; ``1-pass/floor`` is pcd's overhead on that backend;
 * the forward passes of each, and how many fields the two backends decide identically;
 * with ``--ar``: the autoregressive baseline writing the full answer (as many tokens as pcd's answer as pretty
   JSON, EOS ignored) on the same backend, and pcd's speed-up over it.
@@ -44,6 +46,36 @@ def versions(backend: str) -> str:
     return ", ".join(f"{p} {version(p)}" for p in packages)
 
 
+def floor_ms(engine: Engine, preset: Any, out: Any, repeats: int) -> float:
+    """ONE plain causal pass over (document + tail + tree nodes) new tokens on the warm head, with the model's
+    own causal mask, reading as many output rows as the 1-pass extract reads."""
+    plan, prefix = engine._heads[out.schema.fingerprint]
+    new = out.stats.prompt_tokens - out.stats.cached_tokens + out.stats.nodes_scored
+    ids = engine.prompt_for(preset.context, out.schema)[len(plan.prompt.head_ids) :]
+    tokens = (ids * (new // max(len(ids), 1) + 1))[:new]
+    rows = out.stats.nodes_scored + 1
+    backend: Any = engine.backend
+    if backend.name == "torch":
+        import torch
+
+        def run() -> None:
+            state = backend.start(prefix)
+            with torch.no_grad():
+                backend.model(input_ids=torch.tensor([tokens]), **{backend._cache_kw: state.cache}, logits_to_keep=rows)
+
+    else:
+        import mlx.core as mx
+
+        native, _ = backend._extend_native(None, list(prefix.ids))
+        keep = list(range(new - rows, new))
+
+        def run() -> None:
+            mx.eval(backend._forward(mx.array([tokens]), backend._copy_native(native), keep=keep))
+
+    run()
+    return median_ms(run, repeats)
+
+
 def worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
     """Measure every preset on one backend (runs in its own process)."""
     engine = Engine.load(args.model, backend=backend)
@@ -62,6 +94,7 @@ def worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:
             default_passes=dflt.stats.forward_passes,
             one_ms=median_ms(lambda: engine.extract(preset.context, flat, anchor=False), args.repeats),
             one_passes=one.stats.forward_passes,
+            floor_ms=floor_ms(engine, preset, one, args.repeats),
             values={k: v if isinstance(v, (bool, int, str)) else str(v) for k, v in dflt.values.items()},
         )
         if args.ar:
@@ -110,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{backend}: {results[backend]['versions']}; scorer {results[backend]['scorer']}")
     head = (
         "| preset | fields | prompt tokens | torch ms | mlx ms | mlx/torch | passes torch / mlx |"
-        " 1-pass torch ms | 1-pass mlx ms | 1-pass mlx/torch | 1-pass passes | identical fields |"
+        " 1-pass torch ms | 1-pass mlx ms | 1-pass mlx/torch | 1-pass passes | 1-pass/floor torch |"
+        " 1-pass/floor mlx | identical fields |"
     )
     if args.ar:
         head += " AR tokens | AR torch ms | AR mlx ms | speed-up torch | speed-up mlx |"
@@ -126,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
             f"| {t['preset']} | {t['fields']} | {t['prompt_tokens']} | {t['default_ms']:.0f} | {m['default_ms']:.0f} | "
             f"{m['default_ms'] / t['default_ms']:.2f}x | {t['default_passes']} / {m['default_passes']} | "
             f"{t['one_ms']:.0f} | {m['one_ms']:.0f} | {m['one_ms'] / t['one_ms']:.2f}x | "
-            f"{t['one_passes']} / {m['one_passes']} | {same}/{t['fields']} |"
+            f"{t['one_passes']} / {m['one_passes']} | {t['one_ms'] / t['floor_ms']:.2f}x | "
+            f"{m['one_ms'] / m['floor_ms']:.2f}x | {same}/{t['fields']} |"
         )
         if args.ar:
             line += (

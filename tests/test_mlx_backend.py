@@ -112,3 +112,28 @@ def test_blas_preload_is_skipped_when_asked(monkeypatch):
     monkeypatch.setenv("PCD_MLX_BLAS", "none")
     monkeypatch.setattr(mlx_backend, "_BLAS_TRIED", False)
     assert mlx_backend.preload_blas() is False
+
+
+@needs_mlx
+def test_four_bit_conversion_packs_exactly(smol_tokenizer, tmp_path):
+    """A 4-bit MLX conversion (what mlx-community publishes), made here with mlx_lm.convert: packed scoring
+    still equals the brute force on the quantized weights, and it is a different model from the fp32 one."""
+    import mlx_lm
+    from mlx_lm import convert
+
+    from pcd_engine.backends.mlx import MLXBackend
+    from tests.conformance import check_paths, packed_logprobs
+    from tests.test_conformance_mlx import mlx_brute_force
+
+    source = save_tiny(tiny_model("qwen3", len(smol_tokenizer)), smol_tokenizer, tmp_path / "hf")
+    convert(str(source), str(tmp_path / "q4"), quantize=True, q_bits=4, q_group_size=32)
+    assert json.loads((tmp_path / "q4" / "config.json").read_text())["quantization"]["bits"] == 4
+    quantized = MLXBackend.load(str(tmp_path / "q4"))
+    backend = MLXBackend(quantized.model, smol_tokenizer)
+    assert backend.scorer == "packed"
+    run = packed_logprobs(backend, SHARED_PREFIXES)
+    plain, _ = mlx_lm.load(str(tmp_path / "q4"))  # a second, unwrapped copy for the reference
+
+    check_paths(lambda c, p: mlx_brute_force(plain, c, p), run["wave"], run["context"], run["logprobs"])
+    full = packed_logprobs(MLXBackend(MLXBackend.load(str(source)).model, smol_tokenizer), SHARED_PREFIXES)
+    assert abs(full["logprobs"] - run["logprobs"]).max() > 1e-3
