@@ -5,6 +5,7 @@ one tree-packed forward pass on top of the schema's cached prompt head.
 """
 
 from pcd_engine.baseline import BaselineResult, generate_baseline
+from pcd_engine.chat import ChatMessage, TextChunk, stream_chat
 from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
@@ -28,6 +29,7 @@ __all__ = [
     "Alternative",
     "BackendUnavailableError",
     "BaselineResult",
+    "ChatMessage",
     "ContextError",
     "Decision",
     "Engine",
@@ -48,10 +50,12 @@ __all__ = [
     "Schema",
     "SchemaError",
     "Strategy",
+    "TextChunk",
     "TrieWalk",
     "__version__",
     "compile_schema",
     "default_model_path",
     "generate_baseline",
     "load_preset",
+    "stream_chat",
 ]

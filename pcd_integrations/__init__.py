@@ -1,6 +1,7 @@
-"""pcd_integrations: thin adapters from host frameworks (LangChain, LlamaIndex) to :class:`pcd_engine.Engine`.
+"""pcd_integrations: thin adapters from host frameworks to :class:`pcd_engine.Engine`.
 
-The adapters arrive in later releases; this package pins the namespace.
+Each adapter is its own module, imported on demand so that the package never pulls a framework in:
+``pcd_integrations.langchain`` (``ChatPCD``; ``pip install "pcd[langchain]"``). LlamaIndex comes next.
 """
 
 __all__: list[str] = []

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -228,16 +228,12 @@ class OracleBackend(Backend):
             out.append(self.lm.logprob(state.ids + chain[::-1], token))
         return np.array(out)
 
-    def generate_greedy(
-        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
-    ) -> list[int]:
+    def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         out: list[int] = []
         for _ in range(max_new_tokens):
             self.forward_passes += 1
             out.append(int(np.argmax(self.lm.distribution(list(ids) + out))))
-            if stop(out):
-                break
-        return out
+            yield out[-1]
 
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
         return new * 1000

@@ -10,6 +10,7 @@ EXPECTED_ENGINE = [
     "Alternative",
     "BackendUnavailableError",
     "BaselineResult",
+    "ChatMessage",
     "ContextError",
     "Decision",
     "Engine",
@@ -30,12 +31,14 @@ EXPECTED_ENGINE = [
     "Schema",
     "SchemaError",
     "Strategy",
+    "TextChunk",
     "TrieWalk",
     "__version__",
     "compile_schema",
     "default_model_path",
     "generate_baseline",
     "load_preset",
+    "stream_chat",
 ]
 
 
@@ -51,6 +54,12 @@ def test_backends_all():
 
 def test_integrations_all():
     assert pcd_integrations.__all__ == []
+
+
+def test_langchain_all():
+    import pcd_integrations.langchain
+
+    assert pcd_integrations.langchain.__all__ == ["ChatPCD"]
 
 
 def test_core_does_not_import_torch_at_import_time():

@@ -6,7 +6,7 @@ A backend owns a model and its tokenizer and offers these operations, in this or
 2. :meth:`Backend.start` opens a per-request :class:`RequestState` on top of a prefix, never modifying it;
 3. :meth:`Backend.score_tree` appends causal tokens to the state and reads the log-probabilities of a packed
    token tree in the same forward pass; the tree never stays in the state;
-4. :meth:`Backend.generate_greedy` writes text token by token (the autoregressive baseline);
+4. :meth:`Backend.stream_greedy` writes text token by token (free text and the autoregressive baseline);
 5. :meth:`Backend.pass_bytes` estimates one pass's memory, so the engine can split very large trees.
 
 Every forward call is counted in :attr:`Backend.forward_passes`.
@@ -15,7 +15,7 @@ Every forward call is counted in :attr:`Backend.forward_passes`.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -93,10 +93,21 @@ class Backend(ABC):
         """
 
     @abstractmethod
+    def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
+        """Greedy autoregressive decoding with a KV cache, yielding each token as soon as it is chosen.
+
+        Args:
+            ids: The prompt.
+            max_new_tokens: Upper bound on generated tokens.
+
+        Yields:
+            The generated token ids, one per forward pass (the prompt is not repeated).
+        """
+
     def generate_greedy(
         self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
     ) -> list[int]:
-        """Greedy autoregressive generation with a KV cache.
+        """Greedy decoding (:meth:`stream_greedy`) until ``stop`` says so or ``max_new_tokens`` are written.
 
         Args:
             ids: The prompt.
@@ -106,6 +117,12 @@ class Backend(ABC):
         Returns:
             The generated token ids (without the prompt).
         """
+        out: list[int] = []
+        for token in self.stream_greedy(ids, max_new_tokens=max_new_tokens):
+            out.append(token)
+            if stop(out):
+                break
+        return out
 
     def _append_and_score(self, state: Any, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
         """The body of :meth:`score_tree` shared by backends with a packed scorer and a rows fallback.

@@ -29,7 +29,7 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -363,24 +363,18 @@ class MLXBackend(Backend):
             raise TypeError(f"score_tree: expected an MLXState, but got {type(state).__name__}.")
         return self._append_and_score(state, causal, batch)
 
-    def generate_greedy(
-        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
-    ) -> list[int]:
+    def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own caches and masks."""
         mx = _mlx()
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self.model)
         inputs = [int(i) for i in ids]
-        out: list[int] = []
         for _ in range(max_new_tokens):
             logits = self._forward(mx.array([inputs]), cache, keep=[len(inputs) - 1])
             token = int(mx.argmax(logits[0, -1]).item())
-            out.append(token)
-            if stop(out):
-                break
+            yield token
             inputs = [token]
-        return out
 
     @property
     def default_memory_budget_mb(self) -> float:

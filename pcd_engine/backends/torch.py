@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -175,28 +175,22 @@ class TorchBackend(Backend):
             raise TypeError(f"score_tree: expected a TorchState, but got {type(state).__name__}.")
         return self._append_and_score(state, causal, batch)
 
-    def generate_greedy(
-        self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
-    ) -> list[int]:
+    def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own cache and masks."""
         torch = _torch()
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
         inputs = torch.tensor([list(ids)], device=self._device)
-        out: list[int] = []
-        with self._grad():
-            for _ in range(max_new_tokens):
+        for _ in range(max_new_tokens):
+            with self._grad():
                 logits = self.model(
                     input_ids=inputs, **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1
                 ).logits
-                self.forward_passes += 1
-                token = int(logits[0, -1].argmax())
-                out.append(token)
-                if stop(out):
-                    break
-                inputs = torch.tensor([[token]], device=self._device)
-        return out
+            self.forward_passes += 1
+            token = int(logits[0, -1].argmax())
+            yield token
+            inputs = torch.tensor([[token]], device=self._device)
 
     @property
     def default_memory_budget_mb(self) -> float:

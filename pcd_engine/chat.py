@@ -1,0 +1,154 @@
+"""Free-text chat on the engine's model: the model's chat template, greedy decoding, stop sequences, streaming.
+
+Integrations (LangChain, LlamaIndex) use this for their plain ``invoke`` / ``complete`` calls, so that a chat
+model backed by pcd is a real chat model on the same local weights, not only a structured-output shim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcd_engine.errors import ContextError, OptionError
+
+__all__ = ["ChatMessage", "TextChunk", "chat_prompt_ids", "stream_chat"]
+
+_ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One turn of a conversation.
+
+    Attributes:
+        role: ``"system"``, ``"user"`` or ``"assistant"``.
+        content: The turn's text.
+    """
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class TextChunk:
+    """A piece of streamed text.
+
+    Attributes:
+        text: Text added since the previous chunk (may be empty on the last one).
+        finish_reason: ``None`` while generating; on the last chunk ``"stop"`` (end of turn or a stop sequence)
+            or ``"length"`` (``max_new_tokens`` reached).
+        prompt_tokens: Tokens in the rendered prompt.
+        completion_tokens: Tokens generated so far.
+    """
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
+    """Render ``messages`` with the model's chat template, ending with an open assistant turn.
+
+    Templates that refuse a system role get the system text folded into the first user turn.
+
+    Args:
+        tokenizer: A :class:`~pcd_engine.prompt.TokenizerView`.
+        messages: The conversation; at least one message.
+
+    Raises:
+        ContextError: If there are no messages, a role is unknown, or the template cannot render them.
+    """
+    if not messages:
+        raise ContextError("Chat: expected at least one message, but got none.")
+    for i, m in enumerate(messages):
+        if m.role not in _ROLES:
+            raise ContextError(f"Chat: expected message {i} to have a role in {list(_ROLES)}, but got {m.role!r}.")
+    turns = [{"role": m.role, "content": m.content} for m in messages]
+    hf = tokenizer.hf
+    kwargs = {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False}
+    try:
+        text = hf.apply_chat_template(turns, **kwargs)
+    except Exception:  # noqa: BLE001 - templates raise anything for a system role; fold it instead
+        system = "\n\n".join(t["content"] for t in turns if t["role"] == "system")
+        rest = [t for t in turns if t["role"] != "system"] or [{"role": "user", "content": ""}]
+        if system:
+            rest[0] = {"role": rest[0]["role"], "content": system + "\n\n" + rest[0]["content"]}
+        try:
+            text = hf.apply_chat_template(rest, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - same: report it as one typed error
+            raise ContextError(f"Chat: expected the model's chat template to render the messages, but: {exc}") from exc
+    return tokenizer.encode(str(text))
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """How many trailing characters might still become a stop sequence (or are an unfinished character)."""
+    keep = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), keep, -1):
+            if stop.startswith(text[-n:]):
+                keep = n
+                break
+    if text.endswith("\ufffd"):
+        keep = max(keep, 1)
+    return keep
+
+
+def stream_chat(
+    engine: Any, messages: Sequence[ChatMessage], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
+) -> Iterator[TextChunk]:
+    """Greedy free-text reply from the engine's model, streamed as text chunks.
+
+    Text is emitted as soon as it cannot be part of a stop sequence; the stop sequence itself is never emitted.
+
+    Args:
+        engine: A loaded :class:`~pcd_engine.engine.Engine`.
+        messages: The conversation.
+        max_new_tokens: Upper bound on generated tokens (> 0).
+        stop: Strings that end the reply.
+
+    Yields:
+        Text chunks; the last one carries the finish reason and the token counts.
+
+    Raises:
+        OptionError: If ``max_new_tokens`` is not a positive int or a stop sequence is empty.
+        ContextError: If the messages cannot be rendered or do not fit the model's window.
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise OptionError(f"max_new_tokens: expected an int > 0, but got {max_new_tokens!r}.")
+    stops = list(stop)
+    if any(not isinstance(s, str) or not s for s in stops):
+        raise OptionError(f"stop: expected non-empty strings, but got {stops!r}.")
+    tokenizer = engine.tokenizer
+    ids = chat_prompt_ids(tokenizer, messages)
+    if len(ids) + 1 > engine.backend.max_context:
+        raise ContextError(
+            f"Chat: expected the prompt to fit the model's window of {engine.backend.max_context} tokens, but it has "
+            f"{len(ids)}."
+        )
+    limit = min(max_new_tokens, engine.backend.max_context - len(ids))
+    eos = tokenizer.eos_ids
+    tokens: list[int] = []
+    sent = 0
+    reason = "length"
+    for token in engine.backend.stream_greedy(ids, max_new_tokens=limit):
+        if token in eos:
+            reason = "stop"
+            break
+        tokens.append(token)
+        text = tokenizer.decode(tokens)
+        cuts = [i for i in (text.find(s) for s in stops) if i >= 0]
+        if cuts:
+            if min(cuts) > sent:
+                yield TextChunk(text[sent : min(cuts)], None, len(ids), len(tokens))
+            yield TextChunk("", "stop", len(ids), len(tokens))
+            return
+        ready = len(text) - _held_back(text, stops)
+        if ready > sent:
+            yield TextChunk(text[sent:ready], None, len(ids), len(tokens))
+            sent = ready
+    text = tokenizer.decode(tokens) if tokens else ""
+    if len(text) > sent:
+        yield TextChunk(text[sent:], None, len(ids), len(tokens))
+    yield TextChunk("", reason, len(ids), len(tokens))

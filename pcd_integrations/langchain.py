@@ -1,0 +1,409 @@
+"""LangChain adapter: :class:`ChatPCD`, a local chat model whose ``with_structured_output`` runs pcd's engine.
+
+Free text (``invoke``, ``stream``) is greedy generation on the same local model (:func:`pcd_engine.stream_chat`).
+Structured output compiles the schema's closed fields into token tries and decides them in one tree-packed pass
+per wave; the reply's content is the JSON object, and each field's probability, candidate mass and alternatives
+are in the message's ``response_metadata["pcd"]``. A ``batch`` of structured calls is ONE engine call.
+
+Install with ``pip install "pcd[langchain]"``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models import BaseChatModel, LanguageModelInput
+from langchain_core.language_models.base import LangSmithParams
+from langchain_core.language_models.model_profile import ModelProfile
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.tool import tool_call
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.tools import BaseTool
+from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
+from langchain_core.utils.pydantic import is_basemodel_subclass
+from pydantic import ConfigDict, Field
+
+from pcd_engine import ChatMessage, Engine, ExtractionResult, SchemaError, stream_chat
+from pcd_engine.models import DEFAULT_MODEL
+
+__all__ = ["ChatPCD"]
+
+_METHODS = ("json_schema", "function_calling", "json_mode")
+_ROLE = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user", "chat": "user"}
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_engine(model: str | None, backend: str) -> Engine:
+    """One engine per (model, backend) in a process: chat models are cheap to build, models are not."""
+    return Engine.load(model, backend=backend)
+
+
+def _text(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, (str, dict)))
+
+
+def _document(messages: Sequence[BaseMessage]) -> str:
+    """The text pcd classifies: every turn's text, in order (instructions in system turns included)."""
+    return "\n\n".join(t for t in (_text(m).strip() for m in messages) if t)
+
+
+def _is_typeddict(schema: Any) -> bool:
+    from typing_extensions import is_typeddict
+
+    return isinstance(schema, type) and is_typeddict(schema)
+
+
+def _key(messages: Sequence[BaseMessage]) -> tuple[tuple[str, str], ...]:
+    return tuple((m.type, _text(m)) for m in messages)
+
+
+class _Target:
+    """What ``with_structured_output`` was given, and how to turn pcd's values back into it."""
+
+    def __init__(self, schema: Any, *, tool: str | None = None) -> None:
+        self.schema = schema
+        self.tool = tool
+        self.pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
+        if self.pydantic and hasattr(schema, "model_json_schema"):
+            self.engine_schema: Any = schema  # Pydantic v2: the engine reads it directly
+        elif self.pydantic or isinstance(schema, dict) or _is_typeddict(schema):
+            try:
+                self.engine_schema = convert_to_json_schema(schema)
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"Schema: expected a Pydantic model, TypedDict or JSON Schema, but {exc}") from exc
+        else:
+            raise ValueError(
+                f"Schema: expected a Pydantic model class, a TypedDict, a JSON Schema dict or an OpenAI tool dict, "
+                f"but got {type(schema).__name__}."
+            )
+
+    def parse(self, message: BaseMessage) -> Any:
+        error = message.response_metadata.get("pcd_error")
+        if error:
+            raise SchemaError(error)
+        values = json.loads(_text(message))
+        return self.schema(**values) if self.pydantic else values
+
+
+def _metadata(result: ExtractionResult) -> dict[str, Any]:
+    fields = {
+        name: {
+            "probability": f.probability,
+            "candidate_mass": f.candidate_mass,
+            "alternatives": [[a.value, a.probability] for a in f.alternatives],
+            "method": f.method,
+            "wave": f.wave,
+        }
+        for name, f in result.fields.items()
+    }
+    return {"fields": fields, "warnings": list(result.warnings), "forward_passes": result.stats.forward_passes}
+
+
+class ChatPCD(BaseChatModel):
+    """A local chat model whose structured output is decided by pcd, never written token by token.
+
+    Build it from a model name (an alias, a local folder or a repo id; the embedded SmolLM2-135M-Instruct when
+    none is given) or from a loaded :class:`~pcd_engine.Engine`.
+
+    Example:
+        >>> from typing import Literal
+        >>> from pydantic import BaseModel
+        >>> class Ticket(BaseModel):
+        ...     urgency: Literal["low", "high"]
+        ...     wants_refund: bool
+        >>> llm = ChatPCD()
+        >>> llm.with_structured_output(Ticket).invoke("Refund me now!")  # doctest: +SKIP
+        Ticket(urgency='high', wants_refund=True)
+    """
+
+    model: str | None = None
+    """Alias, folder or repo id; ``None`` for the embedded default model."""
+    backend: str = "auto"
+    """``"auto"``, ``"torch"`` or ``"mlx"``."""
+    max_tokens: int = 256
+    """Upper bound on tokens for free-text replies."""
+    engine: Any = Field(default=None, exclude=True)
+    """A loaded engine to use instead of loading ``model``."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    @property
+    def _llm_type(self) -> str:
+        return "pcd"
+
+    @property
+    def _identifying_params(self) -> dict[str, Any]:
+        return {"model": self.model_name, "backend": self.backend, "max_tokens": self.max_tokens}
+
+    @property
+    def model_name(self) -> str:
+        """The model's name as given, or the default model's alias."""
+        return self.model or DEFAULT_MODEL
+
+    def _get_ls_params(self, stop: list[str] | None = None, **kwargs: Any) -> LangSmithParams:
+        params = LangSmithParams(
+            ls_provider="pcd",
+            ls_model_name=kwargs.get("model", self.model_name),
+            ls_model_type="chat",
+            ls_temperature=0.0,
+        )
+        params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
+        if stop:
+            params["ls_stop"] = stop
+        return params
+
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        # Structured output is native (the engine answers it); free-form tool choice is not.
+        return ModelProfile(
+            open_weights=True,
+            text_inputs=True,
+            text_outputs=True,
+            structured_output=True,
+            tool_calling=False,
+            tool_choice=True,
+            max_output_tokens=self.max_tokens,
+        )
+
+    def get_engine(self) -> Engine:
+        """The engine, loaded on first use (shared between chat models of the same model and backend)."""
+        if self.engine is None:
+            self.engine = _shared_engine(self.model, self.backend)
+        return self.engine
+
+    # ------------------------------------------------------------------------------------------ free text
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        target = kwargs.pop("pcd_schema", None)
+        precomputed = kwargs.pop("pcd_precomputed", None) or {}
+        if target is not None:
+            hit = precomputed.get(_key(messages))
+            return hit if hit is not None else self._structured([messages], target)[0]
+        text = ""
+        last: AIMessageChunk | None = None
+        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            text += _text(chunk.message)
+            last = chunk.message if isinstance(chunk.message, AIMessageChunk) else last
+        message = AIMessage(
+            content=text,
+            usage_metadata=last.usage_metadata if last else None,
+            response_metadata=dict(last.response_metadata) if last else {},
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        target = kwargs.pop("pcd_schema", None)
+        if target is not None:
+            message = self._structured([messages], target)[0].generations[0].message
+            yield ChatGenerationChunk(
+                message=AIMessageChunk(
+                    content=message.content,
+                    response_metadata=message.response_metadata,
+                    usage_metadata=getattr(message, "usage_metadata", None),
+                    chunk_position="last",
+                )
+            )
+            return
+        turns = [ChatMessage(_ROLE.get(m.type, "user"), _text(m)) for m in messages]
+        limit = int(kwargs.get("max_tokens", self.max_tokens))
+        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop or ()):
+            if piece.finish_reason is None:
+                chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece.text))
+                if run_manager:
+                    run_manager.on_llm_new_token(piece.text, chunk=chunk)
+                yield chunk
+            else:
+                usage = {
+                    "input_tokens": piece.prompt_tokens,
+                    "output_tokens": piece.completion_tokens,
+                    "total_tokens": piece.prompt_tokens + piece.completion_tokens,
+                }
+                meta = {"finish_reason": piece.finish_reason, "model_name": self.model_name, "model_provider": "pcd"}
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content="", usage_metadata=usage, response_metadata=meta, chunk_position="last"
+                    )
+                )
+
+    # ------------------------------------------------------------------------------------------ structured
+
+    def _structured(self, conversations: Sequence[Sequence[BaseMessage]], target: _Target) -> list[ChatResult]:
+        """Decide ``target`` for every conversation with ONE engine call."""
+        engine = self.get_engine()
+        documents = [_document(c) for c in conversations]
+        try:
+            results = engine.extract_many(documents, target.engine_schema)
+        except SchemaError as exc:
+            failed = AIMessage(content="", response_metadata={"pcd_error": str(exc), "model_name": self.model_name})
+            return [ChatResult(generations=[ChatGeneration(message=failed)]) for _ in documents]
+        out = []
+        for result in results:
+            values = {k: getattr(v, "value", v) for k, v in result.values.items()}
+            calls = []
+            if target.tool is not None:
+                calls = [tool_call(name=target.tool, args=values, id=f"call_{uuid.uuid4().hex}")]
+            message = AIMessage(
+                content="" if calls else json.dumps(values, ensure_ascii=False),
+                tool_calls=calls,
+                response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": _metadata(result)},
+                usage_metadata={
+                    "input_tokens": result.stats.prompt_tokens,
+                    "output_tokens": 0,
+                    "total_tokens": result.stats.prompt_tokens,
+                },
+            )
+            out.append(ChatResult(generations=[ChatGeneration(message=message)]))
+        return out
+
+    def batch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[BaseMessage]:
+        """Structured batches are ONE engine call (through :meth:`generate`, so callbacks see every input);
+        free-text batches run one input at a time like any chat model."""
+        target = kwargs.get("pcd_schema")
+        if target is None or not inputs:
+            return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        conversations = [self._convert_input(i).to_messages() for i in inputs]
+        first = config[0] if isinstance(config, list) and config else config
+        answers = self._structured(conversations, target)
+        precomputed = {_key(c): r for c, r in zip(conversations, answers, strict=True)}
+        base = dict(first or {})
+        result = self.generate(
+            conversations,
+            callbacks=base.get("callbacks"),
+            tags=base.get("tags"),
+            metadata=base.get("metadata"),
+            run_name=base.get("run_name"),
+            pcd_precomputed=precomputed,
+            **kwargs,
+        )
+        return [gens[0].message for gens in result.generations]  # type: ignore[attr-defined]
+
+    async def abatch(
+        self,
+        inputs: list[LanguageModelInput],
+        config: RunnableConfig | list[RunnableConfig] | None = None,
+        *,
+        return_exceptions: bool = False,
+        **kwargs: Any,
+    ) -> list[BaseMessage]:
+        """As :meth:`batch`, in a worker thread so the event loop stays free."""
+        from langchain_core.runnables.config import run_in_executor
+
+        return await run_in_executor(
+            None, lambda: self.batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
+        )
+
+    def bind_tools(
+        self,
+        tools: Sequence[dict[str, Any] | type | Callable[..., Any] | BaseTool],
+        *,
+        tool_choice: str | dict[str, Any] | bool | None = None,
+        response_format: dict[str, Any] | type | None = None,
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, AIMessage]:
+        """Bind tools the way agents do, for the cases pcd can decide.
+
+        pcd does not choose *whether* to call a tool, so tools are supported when the call is forced: a
+        ``tool_choice`` naming one tool (or ``"any"`` / ``"required"`` / ``True`` with exactly one tool). The
+        engine then fills that tool's arguments and the reply carries one tool call (``ToolStrategy``). A
+        ``response_format`` (OpenAI ``json_schema`` dict or a schema) makes the reply's content the JSON object
+        (``ProviderStrategy``). With neither, the model is bound as is and answers in free text.
+
+        Raises:
+            ValueError: If tools are given without a forced choice, or the choice names no given tool.
+        """
+        specs = [convert_to_openai_tool(t, strict=strict) for t in tools]
+        bound: dict[str, Any] = dict(kwargs)
+        if response_format is not None:
+            schema = response_format
+            if isinstance(schema, dict) and schema.get("type") == "json_schema":
+                schema = dict(schema["json_schema"]["schema"], title=schema["json_schema"].get("name", "Response"))
+            bound["pcd_schema"] = _Target(schema)
+        if specs and tool_choice not in (None, False, "none", "auto"):
+            names = [spec["function"]["name"] for spec in specs]
+            if isinstance(tool_choice, dict):
+                wanted = tool_choice.get("function", {}).get("name") or tool_choice.get("name")
+            elif tool_choice in ("any", "required", True):
+                wanted = names[0] if len(names) == 1 else None
+            else:
+                wanted = str(tool_choice)
+            if wanted not in names:
+                raise ValueError(
+                    f"bind_tools: pcd fills a forced tool call, so it expected tool_choice to name one of {names} "
+                    f"(or 'any' with a single tool), but got {tool_choice!r}."
+                )
+            spec = specs[names.index(wanted)]["function"]
+            bound["pcd_schema"] = _Target(dict(spec["parameters"], title=wanted), tool=wanted)
+        elif specs and response_format is None:
+            raise ValueError(
+                "bind_tools: pcd cannot decide whether to call a tool; force one with tool_choice (a tool name, or "
+                "'any' with a single tool), or use with_structured_output."
+            )
+        return self.bind(**bound)
+
+    def with_structured_output(  # type: ignore[override]
+        self,
+        schema: dict[str, Any] | type,
+        *,
+        include_raw: bool = False,
+        method: Literal["json_schema", "function_calling", "json_mode"] = "json_schema",
+        strict: bool | None = None,
+        **kwargs: Any,
+    ) -> Runnable[LanguageModelInput, Any]:
+        """A runnable that fills ``schema`` from its input with pcd's engine.
+
+        Args:
+            schema: A Pydantic (v2 or v1) model class, a TypedDict, a JSON Schema dict or an OpenAI function/tool
+                dict. Field types are checked when the runnable runs, not here.
+            include_raw: Return ``{"raw", "parsed", "parsing_error"}`` instead of the parsed object.
+            method: Accepted for compatibility; every method is answered by the engine.
+            strict: Accepted for compatibility; the output always matches the schema.
+
+        Returns:
+            A runnable giving a model instance for Pydantic schemas and a dict otherwise.
+
+        Raises:
+            ValueError: On unknown keyword arguments, an unknown method, or a schema of no supported kind.
+        """
+        if kwargs:
+            raise ValueError(f"with_structured_output: received unsupported arguments {sorted(kwargs)}.")
+        if method not in _METHODS:
+            raise ValueError(f"with_structured_output: expected method in {list(_METHODS)}, but got {method!r}.")
+        target = _Target(schema)
+        llm = self.bind(
+            pcd_schema=target,
+            ls_structured_output_format={"kwargs": {"method": method, "strict": strict}, "schema": schema},
+        )
+        parser = RunnableLambda(target.parse, name="PCDOutputParser")
+        if not include_raw:
+            return llm | parser
+        parsed = RunnablePassthrough.assign(parsed=lambda x: target.parse(x["raw"]), parsing_error=lambda _: None)
+        fallback = RunnablePassthrough.assign(parsed=lambda _: None)
+        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")

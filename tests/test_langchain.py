@@ -1,0 +1,303 @@
+"""LangChain adapter: ChatPCD on the embedded SmolLM2, plus langchain-tests' standard unit suite."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from enum import Enum
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+pytest.importorskip("langchain_core", reason="pip install 'pcd[langchain]'")
+
+from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # noqa: E402
+from langchain_core.prompts import ChatPromptTemplate  # noqa: E402
+from langchain_tests.integration_tests import ChatModelIntegrationTests  # noqa: E402
+from langchain_tests.unit_tests import ChatModelUnitTests  # noqa: E402
+
+from pcd_engine import SchemaError  # noqa: E402
+from pcd_integrations.langchain import ChatPCD  # noqa: E402
+
+STR_FIELDS = (
+    "str fields are generated text; pcd decides closed fields only (bool, Literal, Enum) until open fields land"
+)
+TICKET = "I was charged twice for order 5521. Refund the second charge today or I will dispute it with my bank."
+
+
+class Urgency(str, Enum):
+    LOW = "low"
+    HIGH = "high"
+
+
+class Ticket(BaseModel):
+    """A support ticket."""
+
+    urgency: Urgency
+    wants_refund: bool = Field(description="Whether the customer asks for money back")
+    topic: Literal["billing", "shipping", "account"]
+
+
+class TicketDict(TypedDict):
+    wants_refund: bool
+    topic: Literal["billing", "shipping", "account"]
+
+
+JSON_SCHEMA = {
+    "title": "Ticket",
+    "type": "object",
+    "properties": {"wants_refund": {"type": "boolean"}, "topic": {"enum": ["billing", "shipping", "account"]}},
+    "required": ["wants_refund", "topic"],
+}
+TOOL = {"type": "function", "function": {"name": "Ticket", "description": "A ticket", "parameters": JSON_SCHEMA}}
+
+
+class PCDCapabilities:
+    """What ChatPCD declares to langchain-tests, honestly: structured output yes, free tool calling no."""
+
+    @property
+    def chat_model_class(self) -> type[ChatPCD]:
+        return ChatPCD
+
+    @property
+    def chat_model_params(self) -> dict:
+        return {"model": "smollm2-135m"}
+
+    @property
+    def has_tool_calling(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+
+class TestChatPCDStandardUnit(PCDCapabilities, ChatModelUnitTests):
+    pass
+
+
+@pytest.fixture(scope="module")
+def llm(default_engine):
+    return ChatPCD(engine=default_engine)
+
+
+@pytest.fixture
+def counted(llm, monkeypatch):
+    """Counts engine calls (one per extract_many, however many texts it is given)."""
+    engine = llm.get_engine()
+    calls: list[int] = []
+    original = engine.extract_many
+
+    def counting(texts, schema, **kwargs):
+        calls.append(len(list(texts)) if not isinstance(texts, list) else len(texts))
+        return original(texts, schema, **kwargs)
+
+    monkeypatch.setattr(engine, "extract_many", counting)
+    return calls
+
+
+@pytest.mark.real_model
+def test_free_text_invoke_and_stream(llm):
+    reply = llm.invoke([SystemMessage("Answer briefly."), HumanMessage("Name a colour.")], max_tokens=12)
+    assert isinstance(reply, AIMessage) and reply.content
+    assert reply.usage_metadata["output_tokens"] <= 12
+    assert reply.response_metadata["finish_reason"] in ("stop", "length")
+    chunks = list(llm.stream("Count from one to ten in words, separated by commas.", max_tokens=40))
+    assert chunks[-1].chunk_position == "last" and chunks[-1].usage_metadata["total_tokens"] > 0
+    assert sum(1 for c in chunks if c.content) > 3
+    text = "".join(c.content for c in chunks)
+    assert text == llm.invoke("Count from one to ten in words, separated by commas.", max_tokens=40).content
+
+
+@pytest.mark.real_model
+def test_stop_sequences_cut_the_text(llm):
+    question = "Count from one to ten in words, separated by commas."
+    full = llm.invoke(question, max_tokens=40).content
+    assert len(full) > 12
+    stop = full[6:9]  # a stop sequence that the greedy reply is known to contain
+    cut = llm.invoke(question, max_tokens=40, stop=["never-in-the-text", stop])
+    assert cut.content == full[: full.find(stop)]
+    assert cut.response_metadata["finish_reason"] == "stop"
+    streamed = "".join(c.content for c in llm.stream(question, max_tokens=40, stop=[stop]))
+    assert streamed == cut.content
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize(
+    "schema", [Ticket, TicketDict, JSON_SCHEMA, TOOL], ids=["pydantic", "typeddict", "json-schema", "tool"]
+)
+def test_structured_output_kinds(llm, schema):
+    out = llm.with_structured_output(schema).invoke(TICKET)
+    if schema is Ticket:
+        assert isinstance(out, Ticket)
+        assert set(out.model_dump()) == {"urgency", "wants_refund", "topic"}
+    else:
+        assert isinstance(out, dict) and set(out) == {"wants_refund", "topic"}
+        assert isinstance(out["wants_refund"], bool) and out["topic"] in ("billing", "shipping", "account")
+
+
+@pytest.mark.real_model
+def test_raw_message_carries_probabilities(llm):
+    out = llm.with_structured_output(Ticket, include_raw=True).invoke(TICKET)
+    assert out["parsing_error"] is None and isinstance(out["parsed"], Ticket)
+    meta = out["raw"].response_metadata["pcd"]["fields"]
+    assert set(meta) == {"urgency", "wants_refund", "topic"}
+    for field in meta.values():
+        assert 0.0 < field["probability"] <= 1.0
+        assert field["alternatives"][0][1] == field["probability"]
+    assert json.loads(out["raw"].content) == json.loads(out["parsed"].model_dump_json())
+
+
+@pytest.mark.real_model
+def test_unsupported_field_fails_when_invoked_not_when_built(llm):
+    class Summary(BaseModel):
+        summary: str
+
+    runnable = llm.with_structured_output(Summary)  # building it is fine
+    with pytest.raises(SchemaError, match="Field 'summary': expected a bool, Literal or Enum type, but got str"):
+        runnable.invoke(TICKET)
+    raw = llm.with_structured_output(Summary, include_raw=True).invoke(TICKET)
+    assert raw["parsed"] is None and isinstance(raw["parsing_error"], SchemaError)
+
+
+def test_bad_arguments_are_value_errors():
+    llm = ChatPCD()
+    with pytest.raises(ValueError, match=r"unsupported arguments \['temperature'\]"):
+        llm.with_structured_output(Ticket, temperature=0)
+    with pytest.raises(ValueError, match="expected method in"):
+        llm.with_structured_output(Ticket, method="xml")
+    with pytest.raises(ValueError, match="Schema: expected a Pydantic model class, a TypedDict"):
+        llm.with_structured_output(42)  # type: ignore[arg-type]
+    assert llm.engine is None  # nothing was loaded
+
+
+@pytest.mark.real_model
+def test_batch_is_one_engine_call(llm, counted):
+    texts = [TICKET, "Where is my parcel? It is a week late.", "I cannot log in to my account."] * 5 + [TICKET]
+    seen: list[dict] = []
+
+    class Options(BaseCallbackHandler):
+        def on_chat_model_start(self, serialized, messages, **kwargs):
+            seen.append(kwargs.get("options") or {})
+
+    runnable = llm.with_structured_output(Ticket)
+    outs = runnable.batch(texts, config={"callbacks": [Options()]})
+    assert counted == [16]
+    assert len(outs) == 16 and all(isinstance(o, Ticket) for o in outs)
+    assert outs[0] == outs[-1] == runnable.invoke(TICKET)
+    assert len(seen) == 16
+    assert seen[0]["ls_structured_output_format"]["kwargs"]["method"] == "json_schema"
+    assert seen[0]["ls_structured_output_format"]["schema"]["title"] == "Ticket"
+    counted.clear()
+    assert asyncio.run(runnable.abatch(texts[:4])) == outs[:4]
+    assert counted == [4]
+
+
+@pytest.mark.real_model
+def test_async_and_streaming_give_the_final_object(llm):
+    runnable = llm.with_structured_output(Ticket)
+    expected = runnable.invoke(TICKET)
+    assert asyncio.run(runnable.ainvoke(TICKET)) == expected
+    assert list(runnable.stream(TICKET)) == [expected]
+
+    async def collect():
+        return [x async for x in runnable.astream(TICKET)]
+
+    assert asyncio.run(collect()) == [expected]
+
+
+@pytest.mark.real_model
+def test_lcel_chain_routes_tickets(llm):
+    prompt = ChatPromptTemplate.from_messages([("system", "Triage the support ticket."), ("human", "{ticket}")])
+    chain = prompt | llm.with_structured_output(Ticket)
+    routes = {"billing": "finance-queue", "shipping": "logistics-queue", "account": "identity-queue"}
+    routed = (chain | (lambda t: routes[t.topic])).invoke({"ticket": TICKET})
+    assert routed in routes.values()
+
+
+class Route(BaseModel):
+    """Where a support ticket goes."""
+
+    team: Literal["billing", "shipping", "account"]
+    urgent: bool
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("strategy", ["auto", "provider", "tool"])
+def test_create_agent_router(llm, strategy):
+    """A tool-less router agent: classify, then route, through each structured-output strategy."""
+    from langchain.agents import create_agent
+    from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
+
+    fmt = {"auto": Route, "provider": ProviderStrategy(Route), "tool": ToolStrategy(Route)}[strategy]
+    agent = create_agent(llm, tools=[], response_format=fmt)
+    out = agent.invoke({"messages": [{"role": "user", "content": TICKET}]})
+    route = out["structured_response"]
+    assert isinstance(route, Route)
+    assert route == llm.with_structured_output(Route).invoke(TICKET)
+    kinds = [type(m).__name__ for m in out["messages"]]
+    assert kinds == (
+        ["HumanMessage", "AIMessage", "ToolMessage"] if strategy == "tool" else ["HumanMessage", "AIMessage"]
+    )
+
+
+def test_bind_tools_needs_a_forced_choice():
+    llm = ChatPCD()
+
+    def lookup(order: str) -> str:
+        """Look an order up."""
+        return order
+
+    with pytest.raises(ValueError, match="pcd cannot decide whether to call a tool"):
+        llm.bind_tools([lookup])
+    with pytest.raises(ValueError, match=r"expected tool_choice to name one of \['lookup', 'Route'\]"):
+        llm.bind_tools([lookup, Route], tool_choice="any")
+    assert llm.profile["structured_output"] is True and llm.profile["tool_calling"] is False
+    assert llm.engine is None
+
+
+@pytest.mark.real_model
+def test_forced_tool_call_fills_the_arguments(llm):
+    reply = llm.bind_tools([Route], tool_choice="Route").invoke(TICKET)
+    assert reply.content == "" and len(reply.tool_calls) == 1
+    call = reply.tool_calls[0]
+    assert call["name"] == "Route" and Route(**call["args"]) == llm.with_structured_output(Route).invoke(TICKET)
+
+
+class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests):
+    """langchain-tests' integration suite on the embedded SmolLM2."""
+
+    @property
+    def chat_model_params(self) -> dict:
+        return {"model": "smollm2-135m", "max_tokens": 24}  # short free-text replies keep CI time sane
+
+    @property
+    def structured_output_kwargs(self) -> dict:
+        return {"method": "json_schema"}
+
+    # The standard structured-output tests use free-text `str` fields (a Joke's setup and punchline). pcd decides
+    # closed fields only, and says so with a SchemaError naming the field; open fields are a later issue.
+    @pytest.mark.xfail(reason=STR_FIELDS, raises=SchemaError, strict=True)
+    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
+    def test_structured_output(self, model, schema_type) -> None:
+        super().test_structured_output(model, schema_type)
+
+    @pytest.mark.xfail(reason=STR_FIELDS, raises=SchemaError, strict=True)
+    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
+    async def test_structured_output_async(self, model, schema_type) -> None:
+        await super().test_structured_output_async(model, schema_type)
+
+    @pytest.mark.xfail(reason=STR_FIELDS, raises=SchemaError, strict=True)
+    def test_structured_output_pydantic_2_v1(self, model) -> None:
+        super().test_structured_output_pydantic_2_v1(model)
+
+    @pytest.mark.xfail(reason=STR_FIELDS + " (and Optional, also a later issue)", raises=SchemaError, strict=True)
+    def test_structured_output_optional_param(self, model) -> None:
+        super().test_structured_output_optional_param(model)
