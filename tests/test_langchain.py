@@ -301,3 +301,29 @@ class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests)
     @pytest.mark.xfail(reason=STR_FIELDS + " (and Optional, also a later issue)", raises=SchemaError, strict=True)
     def test_structured_output_optional_param(self, model) -> None:
         super().test_structured_output_optional_param(model)
+
+
+@pytest.mark.real_model
+def test_pydantic_v1_schema(llm):
+    from pydantic.v1 import BaseModel as V1Model
+
+    class TicketV1(V1Model):
+        wants_refund: bool
+        topic: Literal["billing", "shipping", "account"]
+
+    out = llm.with_structured_output(TicketV1).invoke(TICKET)
+    assert isinstance(out, TicketV1) and out.topic in ("billing", "shipping", "account")
+    assert out.dict() == llm.with_structured_output(TicketDict).invoke(TICKET)
+
+
+@pytest.mark.real_model
+def test_nested_field_is_a_typed_error_naming_it(llm):
+    class Customer(BaseModel):
+        vip: bool
+
+    class Nested(BaseModel):
+        customer: Customer
+        topic: Literal["billing", "shipping"]
+
+    with pytest.raises(SchemaError, match="Field 'customer'"):
+        llm.with_structured_output(Nested).invoke(TICKET)
