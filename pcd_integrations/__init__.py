@@ -1,7 +1,8 @@
 """pcd_integrations: thin adapters from host frameworks to :class:`pcd_engine.Engine`.
 
 Each adapter is its own module, imported on demand so that the package never pulls a framework in:
-``pcd_integrations.langchain`` (``ChatPCD``; ``pip install "pcd[langchain]"``). LlamaIndex comes next.
+``pcd_integrations.langchain`` (``ChatPCD``; ``pip install "pcd[langchain]"``) and ``pcd_integrations.llamaindex``
+(``PCDPydanticProgram``, ``PCDLLM``, ``PCDMetadataExtractor``; ``pip install "pcd[llamaindex]"``).
 """
 
 __all__: list[str] = []

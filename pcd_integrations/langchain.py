@@ -10,7 +10,6 @@ Install with ``pip install "pcd[langchain]"``.
 
 from __future__ import annotations
 
-import functools
 import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -31,17 +30,12 @@ from pydantic import ConfigDict, Field
 
 from pcd_engine import ChatMessage, Engine, ExtractionResult, SchemaError, stream_chat
 from pcd_engine.models import DEFAULT_MODEL
+from pcd_integrations._shared import shared_engine
 
 __all__ = ["ChatPCD"]
 
 _METHODS = ("json_schema", "function_calling", "json_mode")
 _ROLE = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user", "chat": "user"}
-
-
-@functools.lru_cache(maxsize=4)
-def _shared_engine(model: str | None, backend: str) -> Engine:
-    """One engine per (model, backend) in a process: chat models are cheap to build, models are not."""
-    return Engine.load(model, backend=backend)
 
 
 def _text(message: BaseMessage) -> str:
@@ -176,7 +170,7 @@ class ChatPCD(BaseChatModel):
     def get_engine(self) -> Engine:
         """The engine, loaded on first use (shared between chat models of the same model and backend)."""
         if self.engine is None:
-            self.engine = _shared_engine(self.model, self.backend)
+            self.engine = shared_engine(self.model, self.backend)
         return self.engine
 
     # ------------------------------------------------------------------------------------------ free text

@@ -62,6 +62,12 @@ def test_langchain_all():
     assert pcd_integrations.langchain.__all__ == ["ChatPCD"]
 
 
+def test_llamaindex_all():
+    import pcd_integrations.llamaindex
+
+    assert pcd_integrations.llamaindex.__all__ == ["PCDLLM", "PCDMetadataExtractor", "PCDPydanticProgram"]
+
+
 def test_core_does_not_import_torch_at_import_time():
     import subprocess
     import sys
