@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import median_ms, one_wave
+from benchmarks.common import floor_ms, median_ms, one_wave
 from pcd_engine import Engine, load_preset
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 
@@ -44,36 +44,6 @@ def versions(backend: str) -> str:
 
     packages = ["torch", "transformers"] if backend == "torch" else ["mlx", "mlx-lm"]
     return ", ".join(f"{p} {version(p)}" for p in packages)
-
-
-def floor_ms(engine: Engine, preset: Any, out: Any, repeats: int) -> float:
-    """ONE plain causal pass over (document + tail + tree nodes) new tokens on the warm head, with the model's
-    own causal mask, reading as many output rows as the 1-pass extract reads."""
-    plan, prefix = engine._heads[out.schema.fingerprint]
-    new = out.stats.prompt_tokens - out.stats.cached_tokens + out.stats.nodes_scored
-    ids = engine.prompt_for(preset.context, out.schema)[len(plan.prompt.head_ids) :]
-    tokens = (ids * (new // max(len(ids), 1) + 1))[:new]
-    rows = out.stats.nodes_scored + 1
-    backend: Any = engine.backend
-    if backend.name == "torch":
-        import torch
-
-        def run() -> None:
-            state = backend.start(prefix)
-            with torch.no_grad():
-                backend.model(input_ids=torch.tensor([tokens]), **{backend._cache_kw: state.cache}, logits_to_keep=rows)
-
-    else:
-        import mlx.core as mx
-
-        native, _ = backend._extend_native(None, list(prefix.ids))
-        keep = list(range(new - rows, new))
-
-        def run() -> None:
-            mx.eval(backend._forward(mx.array([tokens]), backend._copy_native(native), keep=keep))
-
-    run()
-    return median_ms(run, repeats)
 
 
 def worker(backend: str, args: argparse.Namespace) -> dict[str, Any]:

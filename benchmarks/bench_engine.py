@@ -40,7 +40,7 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and "--no-reexec" not in sys
 
 import torch  # noqa: E402
 
-from benchmarks.common import median_ms, one_wave  # noqa: E402
+from benchmarks.common import floor_ms, median_ms, one_wave  # noqa: E402
 from pcd_engine import Engine, generate_baseline, load_preset  # noqa: E402
 from pcd_engine.backends.torch import TorchBackend  # noqa: E402
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
@@ -112,31 +112,6 @@ class PeakMemory:
             self.running = False
             self.thread.join()
             self.peak = self.top - self.base
-
-
-def floor_ms(engine: Engine, preset: Any, out: Any, repeats: int, sync: Any) -> float:
-    """ONE plain causal pass over (document + tail + tree nodes) new tokens on the warm head."""
-    backend = engine.backend
-    assert isinstance(backend, TorchBackend)
-    plan, prefix = engine._heads[out.schema.fingerprint]
-    new = out.stats.prompt_tokens - out.stats.cached_tokens + out.stats.nodes_scored
-    ids = engine.prompt_for(preset.context, out.schema)[len(plan.prompt.head_ids) :]
-    tokens = (ids * (new // max(len(ids), 1) + 1))[:new]
-    rows = out.stats.nodes_scored + 1
-    device = next(backend.model.parameters()).device
-
-    def run() -> None:
-        state = backend.start(prefix)
-        with torch.no_grad():
-            backend.model(
-                input_ids=torch.tensor([tokens], device=device),
-                **{backend._cache_kw: state.cache},
-                use_cache=True,
-                logits_to_keep=rows,
-            )
-
-    run()
-    return median_ms(run, repeats, sync)
 
 
 def kv_bytes_per_token(model: Any) -> int:

@@ -2,11 +2,11 @@
 
 Tree-packed scoring: mlx-lm models read their attention mask from ``cache.make_mask(...)`` and their RoPE
 positions from ``cache.offset``. The packed scorer therefore gives every layer a thin cache of its own
-(:class:`_TreeLayer`) that keeps the whole history by concatenation and, during a pass, answers ``make_mask`` with
+(``_TreeLayer``) that keeps the whole history by concatenation and, during a pass, answers ``make_mask`` with
 the tree mask (with the window built in for sliding layers) and ``offset`` with the per-token positions. MLX's
 fused RoPE takes one offset per batch row only, so each attention layer's ``rope`` is wrapped once
-(:func:`_tree_rope`) to move the tokens into the batch axis when it receives per-token positions; with an integer
-offset the wrapper is a plain pass-through. The model's final norm is wrapped the same way (:func:`_row_picker`)
+(``TreeRoPE``) to move the tokens into the batch axis when it receives per-token positions; with an integer
+offset the wrapper is a plain pass-through. The model's final norm is wrapped the same way (``RowPicker``)
 so that the vocabulary projection runs only on the rows a pass reads.
 
 Models whose default caches are not plain ``KVCache`` / ``RotatingKVCache`` (recurrent or hybrid layers such as
