@@ -2,24 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-import statistics
-import time
 from typing import Any
 
-from pcd_engine.schema import Schema
+from pcd_engine.comparison import median_ms, one_wave
 
-
-def median_ms(fn: Any, repeats: int, sync: Any = lambda: None) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs, in ms; ``sync`` waits for the device around each."""
-    times = []
-    for _ in range(repeats):
-        sync()
-        t = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - t) * 1000)
-    return statistics.median(times)
+__all__ = ["floor_ms", "median_ms", "one_wave"]
 
 
 def floor_ms(engine: Any, preset: Any, out: Any, repeats: int, sync: Any = lambda: None) -> float:
@@ -57,12 +44,3 @@ def floor_ms(engine: Any, preset: Any, out: Any, repeats: int, sync: Any = lambd
 
     run()
     return median_ms(run, repeats, sync)
-
-
-def one_wave(schema: Schema) -> Schema:
-    """The schema with ``depends_on`` dropped, so that with ``anchor=False`` every field is in ONE wave."""
-    return dataclasses.replace(
-        schema,
-        fields=tuple(dataclasses.replace(f, depends_on=()) for f in schema.fields),
-        fingerprint=schema.fingerprint + "-flat",
-    )

@@ -4,13 +4,15 @@ Every allowed value of every field is compiled into a token trie, and all the tr
 one tree-packed forward pass on top of the schema's cached prompt head.
 """
 
-from pcd_engine.baseline import BaselineResult, generate_baseline
+from pcd_engine.baseline import BaselineResult, generate_baseline, generate_outlines
 from pcd_engine.chat import ChatMessage, TextChunk, stream_chat
 from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
     BackendUnavailableError,
     ContextError,
+    DatasetError,
+    InputError,
     ModelLoadError,
     OptionError,
     PCDError,
@@ -31,6 +33,7 @@ __all__ = [
     "BaselineResult",
     "ChatMessage",
     "ContextError",
+    "DatasetError",
     "Decision",
     "Engine",
     "EngineOptions",
@@ -42,6 +45,7 @@ __all__ = [
     "Fixed",
     "Label",
     "Marginal",
+    "InputError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
@@ -56,6 +60,7 @@ __all__ = [
     "compile_schema",
     "default_model_path",
     "generate_baseline",
+    "generate_outlines",
     "load_preset",
     "stream_chat",
 ]

@@ -1,19 +1,26 @@
-"""The autoregressive baseline: the same model writes the JSON token by token, greedily, from the same prompt.
+"""The baselines pcd is measured against: the same model writing the JSON token by token, from the same prompt.
 
-Benchmarks measure pcd against it. It reports how valid the written object is: a parse error, missing keys,
-extra keys, or values outside the allowed labels.
+* :func:`generate_baseline`: plain greedy autoregressive (AR) generation after the prompt's opening ``{``.
+* :func:`generate_outlines`: greedy generation constrained to the schema's JSON Schema by outlines
+  (``outlines_core``), through ``transformers``' ``generate`` on the engine's own PyTorch model. The prompt is
+  pcd's prompt without the opening ``{``, which the grammar writes itself.
+
+Both report how valid the written object is: a parse error, missing keys, extra keys, or values outside the
+allowed labels.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_engine.schema import compile_schema
+from pcd_engine.errors import BackendUnavailableError
+from pcd_engine.schema import Schema, compile_schema
 
-__all__ = ["BaselineResult", "generate_baseline", "json_object_closed"]
+__all__ = ["BaselineResult", "generate_baseline", "generate_outlines", "json_object_closed"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +35,8 @@ class BaselineResult:
         tokens: Generated tokens.
         forward_passes: Forward passes run.
         ms: Wall time of the generation.
+        setup_ms: One-off work before generation that a later call with the same schema skips (outlines compiling
+            its token index); 0 when there was none or it was cached.
     """
 
     text: str
@@ -37,6 +46,7 @@ class BaselineResult:
     tokens: int
     forward_passes: int
     ms: float
+    setup_ms: float = 0.0
 
 
 def json_object_closed(text: str) -> bool:
@@ -65,33 +75,8 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
-    """Let the engine's model write the JSON object greedily after the same prompt pcd uses.
-
-    Args:
-        engine: A loaded :class:`~pcd_engine.engine.Engine`.
-        text: The document.
-        schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per field plus 32.
-
-    Returns:
-        The text, the parsed values and the validity report.
-    """
-    compiled = compile_schema(schema)
-    ids = engine.prompt_for(text, compiled)
-    limit = max_new_tokens or 12 * len(compiled.fields) + 32
-    tokenizer = engine.tokenizer
-    eos = tokenizer.eos_ids
-
-    def stop(out: list[int]) -> bool:
-        return out[-1] in eos or json_object_closed("{" + tokenizer.decode(out))
-
-    before = engine.backend.forward_passes
-    started = time.perf_counter()
-    out = engine.backend.generate_greedy(ids, max_new_tokens=limit, stop=stop)
-    ms = (time.perf_counter() - started) * 1000
-    body = tokenizer.decode([t for t in out if t not in eos])
-    written = "{" + body
+def _check(compiled: Schema, written: str) -> tuple[dict[str, Any] | None, list[str]]:
+    """Parse ``written`` and list what makes it an invalid answer to ``compiled``."""
     errors: list[str] = []
     values: dict[str, Any] | None = None
     try:
@@ -110,12 +95,139 @@ def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: in
                 errors.append(f"invalid value for {spec.name!r}: {values[spec.name]!r}")
         known = {f.name for f in compiled.fields}
         errors.extend(f"extra key {k!r}" for k in values if k not in known)
-    return BaselineResult(
-        text=written,
-        values=values,
-        valid=not errors,
-        errors=tuple(errors),
-        tokens=len(out),
-        forward_passes=engine.backend.forward_passes - before,
-        ms=ms,
-    )
+    return values, errors
+
+
+def _result(
+    compiled: Schema, written: str, tokens: int, passes: int, ms: float, setup_ms: float = 0.0
+) -> BaselineResult:
+    values, errors = _check(compiled, written)
+    return BaselineResult(written, values, not errors, tuple(errors), tokens, passes, ms, setup_ms)
+
+
+def _default_limit(compiled: Schema) -> int:
+    return 12 * len(compiled.fields) + 32
+
+
+def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
+    """Let the engine's model write the JSON object greedily after the same prompt pcd uses.
+
+    Args:
+        engine: A loaded :class:`~pcd_engine.engine.Engine`.
+        text: The document.
+        schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
+        max_new_tokens: Token limit; defaults to 12 tokens per field plus 32.
+
+    Returns:
+        The text, the parsed values and the validity report.
+    """
+    compiled = compile_schema(schema)
+    ids = engine.prompt_for(text, compiled)
+    tokenizer = engine.tokenizer
+    eos = tokenizer.eos_ids
+
+    def stop(out: list[int]) -> bool:
+        return out[-1] in eos or json_object_closed("{" + tokenizer.decode(out))
+
+    before = engine.backend.forward_passes
+    started = time.perf_counter()
+    out = engine.backend.generate_greedy(ids, max_new_tokens=max_new_tokens or _default_limit(compiled), stop=stop)
+    ms = (time.perf_counter() - started) * 1000
+    written = "{" + tokenizer.decode([t for t in out if t not in eos])
+    return _result(compiled, written, len(out), engine.backend.forward_passes - before, ms)
+
+
+# Per engine: the outlines model wrapper and one compiled logits processor per schema fingerprint.
+_OUTLINES: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any]]] = weakref.WeakKeyDictionary()
+
+
+def outlines_model(engine: Any) -> Any:
+    """The engine's model wrapped for outlines (cached per engine); call it early to fail before any work.
+
+    Raises:
+        BackendUnavailableError: If outlines is not installed or the engine is not on the torch backend.
+    """
+    backend = engine.backend
+    if backend.name != "torch":
+        raise BackendUnavailableError(
+            f"Outlines baseline: expected the torch backend (outlines drives a transformers model), but the engine "
+            f"runs on {backend.name!r}. Load it with backend='torch'."
+        )
+    try:
+        import outlines
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"Outlines baseline: expected the 'outlines' package, but importing it failed ({exc}). "
+            "Install it with: pip install 'pcd[bench]'"
+        ) from exc
+    if engine not in _OUTLINES:
+        _OUTLINES[engine] = (outlines.from_transformers(backend.model, backend.tokenizer), {})
+    return _OUTLINES[engine][0]
+
+
+def _outlines_processor(engine: Any, compiled: Schema) -> tuple[Any, float]:
+    wrapped = outlines_model(engine)
+    processors = _OUTLINES[engine][1]
+    if compiled.fingerprint in processors:
+        return processors[compiled.fingerprint], 0.0
+    from outlines.backends import get_json_schema_logits_processor
+
+    started = time.perf_counter()
+    processor = get_json_schema_logits_processor("outlines_core", wrapped, json.dumps(compiled.json_schema()))
+    processors[compiled.fingerprint] = processor
+    return processor, (time.perf_counter() - started) * 1000
+
+
+def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
+    """Let the engine's model write the JSON object under outlines' JSON-Schema constraint, greedily.
+
+    The constraint is the schema's :meth:`~pcd_engine.schema.Schema.json_schema` compiled by outlines' default
+    JSON backend (``outlines_core``); generation is ``transformers``' ``generate`` with outlines' logits processor,
+    which is what ``outlines.Generator`` runs, minus its own chat wrapping: the prompt is pcd's, up to the opening
+    ``{``. The compiled processor is cached per engine and schema; its first compilation is reported as
+    ``setup_ms``.
+
+    Args:
+        engine: A loaded :class:`~pcd_engine.engine.Engine` on the torch backend.
+        text: The document.
+        schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
+        max_new_tokens: Token limit; defaults to 12 tokens per field plus 32.
+
+    Returns:
+        The text, the parsed values and the validity report (outlines output can still be cut by the limit).
+
+    Raises:
+        BackendUnavailableError: If outlines is not installed or the engine is not on the torch backend.
+    """
+    compiled = compile_schema(schema)
+    processor, setup_ms = _outlines_processor(engine, compiled)
+    import torch
+    from transformers import LogitsProcessorList
+
+    ids = engine.prompt_for(text, compiled)
+    # The prompt ends with the answer's opening "{"; the grammar writes it, so it must not be in the prompt.
+    opening = engine.tokenizer.decode(ids[-1:])
+    if not opening.endswith("{"):
+        raise BackendUnavailableError(
+            f"Outlines baseline: expected the prompt's last token to open the answer with '{{', but got {opening!r}."
+        )
+    trimmed = opening[:-1]
+    ids = ids[:-1] + (engine.tokenizer.encode(trimmed) if trimmed else [])
+    model = engine.backend.model
+    device = next(model.parameters()).device
+    processor.reset()
+    started = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([ids], device=device),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
+            logits_processor=LogitsProcessorList([processor]),
+            max_new_tokens=max_new_tokens or _default_limit(compiled),
+            do_sample=False,
+            pad_token_id=engine.backend.tokenizer.eos_token_id,
+        )
+    ms = (time.perf_counter() - started) * 1000
+    new = out[0, len(ids) :].tolist()
+    eos = engine.tokenizer.eos_ids
+    written = engine.tokenizer.decode([t for t in new if t not in eos])
+    return _result(compiled, written, len(new), len(new), ms, setup_ms)

@@ -9,6 +9,8 @@ from __future__ import annotations
 __all__ = [
     "BackendUnavailableError",
     "ContextError",
+    "DatasetError",
+    "InputError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
@@ -30,6 +32,14 @@ class SchemaError(PCDError, ValueError):
 
 class ContextError(PCDError, ValueError):
     """The text to classify is unusable: empty, only whitespace, or longer than the model's window."""
+
+
+class DatasetError(PCDError, ValueError):
+    """A labelled dataset (for ``pcd eval``) that is missing, malformed or unusable."""
+
+
+class InputError(PCDError, ValueError):
+    """A file or text given to the ``pcd`` command that cannot be used: missing, unreadable, or bad JSON."""
 
 
 class PromptAlignmentError(PCDError, RuntimeError):

@@ -99,6 +99,33 @@ class ExtractionResult:
             return None
         return model.model_validate(self.values)
 
+    def to_json(self) -> dict[str, Any]:
+        """The result as plain JSON-ready data: values, per-field evidence, warnings and statistics.
+
+        Alternatives are ``[value, probability]`` pairs, best first.
+        """
+        fields = {
+            name: {
+                "value": f.value,
+                "probability": f.probability,
+                "candidate_mass": f.candidate_mass,
+                "alternatives": [[a.value, a.probability] for a in f.alternatives],
+                "method": f.method,
+                "wave": f.wave,
+            }
+            for name, f in self.fields.items()
+        }
+        s = self.stats
+        stats = {
+            "phases_ms": dict(s.phases_ms),
+            "prompt_tokens": s.prompt_tokens,
+            "cached_tokens": s.cached_tokens,
+            "forward_passes": s.forward_passes,
+            "nodes_scored": s.nodes_scored,
+            "waves": s.waves,
+        }
+        return {"values": dict(self.values), "fields": fields, "warnings": list(self.warnings), "stats": stats}
+
     def low_confidence(self, *, min_probability: float = 0.5, min_candidate_mass: float = 0.2) -> list[FieldResult]:
         """Fields whose probability or candidate mass is below a threshold.
 

@@ -105,6 +105,24 @@ class Schema:
                 return spec
         raise KeyError(name)
 
+    def json_schema(self) -> dict[str, Any]:
+        """The schema as a JSON Schema object: every field required, no other keys, values restricted to labels.
+
+        This is what a JSON-constrained generator (outlines, llguidance, an OpenAI-style ``response_format``) needs
+        to write the same object pcd decides; compiling it back gives the same fields and labels.
+        """
+        properties: dict[str, Any] = {}
+        for spec in self.fields:
+            node: dict[str, Any] = {"type": "boolean"} if spec.kind == "boolean" else {"enum": list(spec.values)}
+            if spec.description:
+                node["description"] = spec.description
+            properties[spec.name] = node
+        out: dict[str, Any] = {"title": self.title, "type": "object"}
+        if self.description:
+            out["description"] = self.description
+        out.update(properties=properties, required=[s.name for s in self.fields], additionalProperties=False)
+        return out
+
 
 @dataclass(frozen=True)
 class Preset:

@@ -89,17 +89,8 @@ class _Target:
 
 
 def _metadata(result: ExtractionResult) -> dict[str, Any]:
-    fields = {
-        name: {
-            "probability": f.probability,
-            "candidate_mass": f.candidate_mass,
-            "alternatives": [[a.value, a.probability] for a in f.alternatives],
-            "method": f.method,
-            "wave": f.wave,
-        }
-        for name, f in result.fields.items()
-    }
-    return {"fields": fields, "warnings": list(result.warnings), "forward_passes": result.stats.forward_passes}
+    data = result.to_json()
+    return {"fields": data["fields"], "warnings": data["warnings"], "forward_passes": result.stats.forward_passes}
 
 
 class ChatPCD(BaseChatModel):

@@ -19,17 +19,29 @@ import pytest
 
 from pcd_engine import Engine, compile_schema
 from pcd_engine.compiler import compile_wave
+from pcd_engine.diagnostics import PROBE, PROBE_TEXT
 from pcd_engine.planner import TreeBatch, plan_passes
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
 
-TEXT = "The parcel arrived two weeks late and the box was crushed. I would like a refund within 12 hours, please."
+# The same probe `pcd check` runs on real models: labels that share token prefixes.
+TEXT = PROBE_TEXT
+SHARED_PREFIXES = PROBE
 
-SHARED_PREFIXES = {
-    "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
-    "refund": {"type": "boolean", "description": "Asks for money back"},
-    "level": {"type": "enum", "choices": [1, 12, 123, 2]},
-    "tone": {"type": "enum", "choices": ["angry", "angr", "calm"]},
-}
+
+def shift_tree_positions(monkeypatch: Any) -> None:
+    """Break the packer on purpose: every tree node's position moves one step too far."""
+    original = TreeBatch.visibility
+
+    def shifted(batch: TreeBatch, past: int, causal: int) -> Any:
+        visible, qpos, kpos = original(batch, past, causal)
+        qpos, kpos = qpos.copy(), kpos.copy()
+        qpos[causal:] += 1
+        kpos[past + causal :] += 1
+        return visible, qpos, kpos
+
+    monkeypatch.setattr(TreeBatch, "visibility", shifted)
+
+
 BIG = {"product": {"type": "enum", "choices": [f"SKU-{i:03d}" for i in range(300)]}}
 
 
@@ -119,6 +131,18 @@ class BackendConformance:
     def test_rows_prefix_untouched(self, rows_backend):
         self.check_prefix_untouched(rows_backend)
 
+    def test_sequence_logprobs_equal_brute_force(self, backend):
+        """The plain reference ``pcd check`` compares against: one causal pass, no cache, equals the brute force."""
+        run = packed_logprobs(backend, SHARED_PREFIXES)
+        context = list(run["context"])
+        nodes = list(run["wave"].fields[0].paths[1].nodes)
+        path = [run["wave"].tree.tokens[n] for n in nodes]
+        got = backend.sequence_logprobs(context + path)
+        assert got.shape == (len(context) + len(path) - 1,) and got.dtype == np.float64
+        expected = self.brute_force(backend, context, [path])[0]
+        np.testing.assert_allclose(got[-len(path) :], expected, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got[-len(path) :], run["logprobs"][nodes], atol=1e-4, rtol=0)
+
     def test_split_passes_equal_one_pass(self, backend):
         one = packed_logprobs(backend, SHARED_PREFIXES)
         split = packed_logprobs(backend, SHARED_PREFIXES, max_nodes=5)
@@ -128,16 +152,7 @@ class BackendConformance:
     def test_wrong_positions_are_detected(self, backend, monkeypatch):
         """The check can fail: shifting every tree position by one moves the log-probs well past the tolerance."""
         good = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
-        original = TreeBatch.visibility
-
-        def shifted(batch, past, causal):
-            visible, qpos, kpos = original(batch, past, causal)
-            qpos, kpos = qpos.copy(), kpos.copy()
-            qpos[causal:] += 1
-            kpos[past + causal :] += 1
-            return visible, qpos, kpos
-
-        monkeypatch.setattr(TreeBatch, "visibility", shifted)
+        shift_tree_positions(monkeypatch)
         bad = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
         assert np.abs(bad - good).max() > 1e-3
 

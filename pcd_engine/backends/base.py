@@ -104,6 +104,20 @@ class Backend(ABC):
             The generated token ids, one per forward pass (the prompt is not repeated).
         """
 
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """The plain reference: ``log p(ids[i] | ids[:i])`` for ``i >= 1``, from ONE causal forward pass.
+
+        No prompt cache, no tree mask and no custom positions are involved: the model runs the way its library
+        runs it by itself. ``pcd check`` compares tree-packed scores against this.
+
+        Args:
+            ids: At least two token ids.
+
+        Returns:
+            ``float64`` array of ``len(ids) - 1`` log-probabilities.
+        """
+        raise NotImplementedError(f"Backend {self.name!r} has no plain reference scorer.")
+
     def generate_greedy(
         self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
     ) -> list[int]:

