@@ -12,15 +12,24 @@ allowed labels.
 from __future__ import annotations
 
 import json
+import re
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from pcd_engine.errors import BackendUnavailableError
 from pcd_engine.schema import Schema, compile_schema
 
-__all__ = ["BaselineResult", "generate_baseline", "generate_outlines", "json_object_closed"]
+__all__ = [
+    "BaselineResult",
+    "generate_baseline",
+    "generate_outlines",
+    "json_object_closed",
+    "partial_pairs",
+    "stream_baseline",
+]
 
 
 @dataclass(frozen=True)
@@ -105,12 +114,81 @@ def _result(
     return BaselineResult(written, values, not errors, tuple(errors), tokens, passes, ms, setup_ms)
 
 
+_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*')
+
+
+def partial_pairs(text: str) -> dict[str, Any]:
+    """The ``"key": value`` pairs readable in a possibly broken JSON text, first occurrence of each key.
+
+    For showing what an autoregressive answer did write when the whole object does not parse (cut off, or
+    followed by more text): a value counts only when it is complete JSON on its own.
+    """
+    pairs: dict[str, Any] = {}
+    decoder = json.JSONDecoder()
+    inside_until = 0  # keys inside a nested object or list are not top-level keys
+    for match in _KEY.finditer(text):
+        if match.start() < inside_until:
+            continue
+        try:
+            key = json.loads(f'"{match.group(1)}"')
+            value, end = decoder.raw_decode(text, match.end())
+        except ValueError:
+            continue
+        if isinstance(value, (dict, list)):
+            inside_until = end
+            continue
+        pairs.setdefault(key, value)
+    return pairs
+
+
 def _default_limit(compiled: Schema) -> int:
     return 12 * len(compiled.fields) + 32
 
 
+def stream_baseline(
+    engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None
+) -> Iterator[str | BaselineResult]:
+    """:func:`generate_baseline`, streamed: the text each generated token adds, then the :class:`BaselineResult`.
+
+    The schema and text are checked before the first token, so bad input raises before anything is yielded.
+
+    Yields:
+        ``str`` pieces of the written JSON (the opening ``{`` first), then one ``BaselineResult``.
+    """
+    compiled = compile_schema(schema)
+    ids = engine.prompt_for(text, compiled)
+    return _stream(engine, compiled, ids, max_new_tokens or _default_limit(compiled))
+
+
+def _stream(engine: Any, compiled: Schema, ids: list[int], limit: int) -> Iterator[str | BaselineResult]:
+    tokenizer = engine.tokenizer
+    eos = tokenizer.eos_ids
+    before = engine.backend.forward_passes
+    started = time.perf_counter()
+    out: list[int] = []
+    sent = "{"
+    yield sent
+    for token in engine.backend.stream_greedy(ids, max_new_tokens=limit):
+        out.append(token)
+        if token in eos:
+            break
+        written = "{" + tokenizer.decode(out)
+        if len(written) > len(sent) and not written.endswith("\ufffd"):
+            yield written[len(sent) :]
+            sent = written
+        if json_object_closed(written):
+            break
+    ms = (time.perf_counter() - started) * 1000
+    written = "{" + tokenizer.decode([t for t in out if t not in eos])
+    if len(written) > len(sent):
+        yield written[len(sent) :]
+    yield _result(compiled, written, len(out), engine.backend.forward_passes - before, ms)
+
+
 def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
     """Let the engine's model write the JSON object greedily after the same prompt pcd uses.
+
+    Generation stops at EOS, when the object closes, or at the token limit.
 
     Args:
         engine: A loaded :class:`~pcd_engine.engine.Engine`.
@@ -121,20 +199,9 @@ def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: in
     Returns:
         The text, the parsed values and the validity report.
     """
-    compiled = compile_schema(schema)
-    ids = engine.prompt_for(text, compiled)
-    tokenizer = engine.tokenizer
-    eos = tokenizer.eos_ids
-
-    def stop(out: list[int]) -> bool:
-        return out[-1] in eos or json_object_closed("{" + tokenizer.decode(out))
-
-    before = engine.backend.forward_passes
-    started = time.perf_counter()
-    out = engine.backend.generate_greedy(ids, max_new_tokens=max_new_tokens or _default_limit(compiled), stop=stop)
-    ms = (time.perf_counter() - started) * 1000
-    written = "{" + tokenizer.decode([t for t in out if t not in eos])
-    return _result(compiled, written, len(out), engine.backend.forward_passes - before, ms)
+    *_, result = stream_baseline(engine, text, schema, max_new_tokens=max_new_tokens)
+    assert isinstance(result, BaselineResult)
+    return result
 
 
 # Per engine: the outlines model wrapper and one compiled logits processor per schema fingerprint.

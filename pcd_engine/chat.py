@@ -12,7 +12,7 @@ from typing import Any
 
 from pcd_engine.errors import ContextError, OptionError
 
-__all__ = ["ChatMessage", "TextChunk", "chat_prompt_ids", "stream_chat"]
+__all__ = ["ChatMessage", "TextChunk", "chat_prompt_ids", "document_text", "stream_chat"]
 
 _ROLES = ("system", "user", "assistant")
 
@@ -46,6 +46,12 @@ class TextChunk:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+
+
+def document_text(contents: Sequence[str]) -> str:
+    """The document a structured request decides on: every message's text, stripped, blank ones dropped, joined
+    by blank lines (system and user turns alike, so instructions given as a system turn reach the model too)."""
+    return "\n\n".join(t for t in (c.strip() for c in contents) if t)
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:

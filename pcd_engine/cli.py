@@ -1,4 +1,4 @@
-"""The ``pcd`` command: models, check, run, bench and eval.
+"""The ``pcd`` command: models, check, run, bench, eval and serve.
 
 ``main(argv)`` parses with :func:`build_parser`, runs one sub-command and returns its exit code. Every error pcd
 raises on purpose (and a missing or unreadable file, bad JSON) becomes one line on stderr and exit code 1; usage
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.errors import InputError, OptionError, PCDError
+from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, PCDError
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
 
@@ -305,11 +305,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from pcd_engine.server import create_app
+
+    try:
+        import uvicorn
+    except ImportError:
+        message = "pcd serve: expected uvicorn, but it is not installed. Install it with: pip install 'pcd[serve]'"
+        raise BackendUnavailableError(message) from None
+    engine = _engine(args)
+    app = create_app(engine, model_name=args.name or args.model)
+    if not args.quiet:
+        print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------ parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pcd`` argument parser with its five sub-commands."""
+    """The ``pcd`` argument parser with its six sub-commands."""
     parser = argparse.ArgumentParser(
         prog="pcd",
         description="Structured decisions from local LLMs: every label of every field decided in parallel.",
@@ -317,10 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pcd {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def with_model(p: argparse.ArgumentParser) -> None:
+    def with_model(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
         p.add_argument(
             "model",
             metavar="MODEL",
+            nargs="?" if optional else None,
+            default="default",
             help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder or a repo id",
         )
         p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"), help="default: auto")
@@ -379,6 +397,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT.json", help="write the report with every prediction")
     with_decoding(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("serve", help="the side-by-side web page, a JSON API and an OpenAI-compatible endpoint")
+    with_model(p, optional=True)
+    p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
+    p.add_argument("--port", type=int, default=8000, help="default: 8000")
+    p.add_argument("--name", default=None, help="model id for /v1 (default: MODEL)")
+    p.set_defaults(func=cmd_serve)
     return parser
 
 

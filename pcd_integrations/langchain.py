@@ -29,6 +29,7 @@ from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
 from pcd_engine import ChatMessage, Engine, ExtractionResult, SchemaError, stream_chat
+from pcd_engine.chat import document_text
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
 
@@ -47,7 +48,7 @@ def _text(message: BaseMessage) -> str:
 
 def _document(messages: Sequence[BaseMessage]) -> str:
     """The text pcd classifies: every turn's text, in order (instructions in system turns included)."""
-    return "\n\n".join(t for t in (_text(m).strip() for m in messages) if t)
+    return document_text([_text(m) for m in messages])
 
 
 def _is_typeddict(schema: Any) -> bool:

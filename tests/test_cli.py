@@ -322,3 +322,18 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
 def test_example_presets_are_what_bench_accepts():
     args = build_parser().parse_args(["bench", "m", *EXAMPLE_PRESETS])
     assert args.presets == list(EXAMPLE_PRESETS)
+
+
+def test_serve_builds_the_app_and_runs_uvicorn_on_loopback(capsys, tiny, monkeypatch):
+    pytest.importorskip("uvicorn")
+    import uvicorn
+
+    args = build_parser().parse_args(["serve"])
+    assert (args.model, args.host, args.port) == ("default", "127.0.0.1", 8000)
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(app=app, **kwargs))
+    code, _, err = run(capsys, "serve", tiny, "--port", "8123", "--name", "tiny", "--backend", "torch", "-q")
+    assert code == 0 and "Traceback" not in err
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
+    paths = {route.path for route in seen["app"].routes}
+    assert {"/", "/api/extract", "/api/presets", "/api/baseline", "/v1/models", "/v1/chat/completions"} <= paths

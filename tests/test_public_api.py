@@ -95,3 +95,51 @@ def test_errors_share_one_base():
         "InputError",
     ]:
         assert issubclass(getattr(pcd_engine, name), pcd_engine.PCDError)
+
+
+MODULE_ALL = {
+    "pcd_engine.baseline": [
+        "BaselineResult",
+        "generate_baseline",
+        "generate_outlines",
+        "json_object_closed",
+        "partial_pairs",
+        "stream_baseline",
+    ],
+    "pcd_engine.chat": ["ChatMessage", "TextChunk", "chat_prompt_ids", "document_text", "stream_chat"],
+    "pcd_engine.cli": ["build_parser", "main"],
+    "pcd_engine.comparison": [
+        "BASELINES",
+        "BaselineRun",
+        "BenchRow",
+        "EvalReport",
+        "MethodScore",
+        "bench_presets",
+        "eval_schema",
+        "evaluate",
+        "median_ms",
+        "one_wave",
+        "parse_against",
+    ],
+    "pcd_engine.diagnostics": ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"],
+    "pcd_engine.evaluation": [
+        "LabelledText",
+        "Metrics",
+        "agreement",
+        "bbc_news_path",
+        "classification_metrics",
+        "load_dataset",
+    ],
+    "pcd_engine.plots": ["plot_bench", "plot_eval"],
+    "pcd_engine.server": ["create_app"],
+}
+
+
+def test_module_all():
+    import importlib
+
+    for name, expected in MODULE_ALL.items():
+        module = importlib.import_module(name)
+        assert sorted(module.__all__) == sorted(expected), name
+        for attr in module.__all__:
+            assert hasattr(module, attr), f"{name}.{attr}"

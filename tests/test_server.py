@@ -1,0 +1,289 @@
+"""``pcd serve`` on the embedded model: the JSON API and the OpenAI-compatible endpoint through the ASGI test client,
+the official ``openai`` client and 32 concurrent requests against a live server on a free loopback port, and the
+web page in headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Literal
+
+import pytest
+from pydantic import BaseModel
+
+pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from pcd_engine import generate_baseline  # noqa: E402
+from pcd_engine.examples import EXAMPLE_PRESETS  # noqa: E402
+from pcd_engine.server import create_app  # noqa: E402
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m"
+TICKET = {
+    "title": "Ticket",
+    "type": "object",
+    "properties": {
+        "sentiment": {"type": "string", "enum": ["POSITIVE", "NEUTRAL", "NEGATIVE"]},
+        "wants_refund": {"type": "boolean", "description": "Asks for money back"},
+        "channel": {"const": "email"},
+    },
+    "required": ["sentiment", "wants_refund", "channel"],
+    "additionalProperties": False,
+}
+TEXT = "I was charged twice for order 5521. Refund the second charge today or I go to my bank."
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def client(default_engine):
+    return TestClient(create_app(default_engine, model_name=MODEL, max_body_bytes=100_000))
+
+
+def sse_events(body: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in body.strip().split("\n\n"):
+        event = re.search(r"^event: (.*)$", block, re.M)
+        data = re.search(r"^data: (.*)$", block, re.M)
+        out.append((event.group(1) if event else "message", json.loads(data.group(1))))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ JSON API
+
+
+def test_page_and_presets(client):
+    page = client.get("/")
+    assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    assert 'id="pcd-rows"' in page.text and 'id="ar-rows"' in page.text
+    data = client.get("/api/presets").json()
+    assert data["model"] == MODEL
+    assert [p["name"] for p in data["presets"]] == list(EXAMPLE_PRESETS)
+    assert all(p["schema"]["properties"] and p["context"] for p in data["presets"])
+
+
+def test_extract_equals_the_engine(client, default_engine):
+    response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": {"anchor": False}})
+    assert response.status_code == 200
+    data = response.json()
+    direct = default_engine.extract(TEXT, TICKET, anchor=False)
+    assert data["values"] == direct.values
+    assert list(data["fields"]) == ["sentiment", "wants_refund", "channel"]
+    assert data["fields"]["sentiment"]["probability"] == pytest.approx(direct.fields["sentiment"].probability)
+    assert data["schema"][0] == {"name": "sentiment", "kind": "enum", "values": ["POSITIVE", "NEUTRAL", "NEGATIVE"]}
+    assert data["stats"]["forward_passes"] >= 1
+
+
+def test_baseline_streams_server_sent_events(client, default_engine):
+    response = client.post("/api/baseline", json={"schema": TICKET, "context": TEXT, "options": {"max_new_tokens": 30}})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(response.text)
+    kinds = [k for k, _ in events]
+    assert kinds[-1] == "done" and set(kinds[:-1]) == {"token"} and len(kinds) > 2
+    done = events[-1][1]
+    assert "".join(d["text"] for k, d in events[:-1]) == done["text"]
+    expected = generate_baseline(default_engine, TEXT, TICKET, max_new_tokens=30)
+    assert done["text"] == expected.text and done["valid"] == expected.valid and done["tokens"] == expected.tokens
+    assert set(done["status"]) == {"sentiment", "wants_refund", "channel"}
+    assert set(done["status"].values()) <= {"ok", "missing", "invalid"}
+    for key, status in done["status"].items():
+        assert (status == "missing") == (key not in done["values"])
+
+
+def as_body(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+STRING_FIELD = {"type": "object", "properties": {"summary": {"type": "string"}}}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "kind", "needle"),
+    [
+        (b'{"schema": ', 400, "invalid_json", "bad JSON"),
+        (b"[1, 2]", 400, "invalid_request", "JSON object"),
+        (as_body(context=TEXT), 400, "invalid_request", "'schema'"),
+        (as_body(schema=TICKET, context="   "), 400, "empty_context", "context"),
+        (as_body(schema=STRING_FIELD, context=TEXT), 400, "SchemaError", "summary"),
+        (as_body(schema=TICKET, context=TEXT, options={"beam": 3}), 400, "invalid_request", "beam"),
+        (as_body(schema=TICKET, context="x" * 200_000), 413, "request_too_large", "bytes"),
+    ],
+)
+def test_bad_requests_get_a_clear_4xx(client, body, status, kind, needle):
+    for path in ("/api/extract", "/api/baseline"):
+        if path == "/api/baseline" and needle == "beam":
+            continue  # the baseline reads only max_new_tokens
+        response = client.post(path, content=body, headers={"content-type": "application/json"})
+        assert response.status_code == status, response.text
+        error = response.json()["error"]
+        assert error["type"] == kind and needle in error["message"]
+    assert client.post("/api/extract", json={"schema": TICKET, "context": TEXT}).status_code == 200  # still up
+
+
+# ------------------------------------------------------------------------------------------------ OpenAI API
+
+
+def chat(client, **body):
+    return client.post("/v1/chat/completions", json={"model": MODEL, **body})
+
+
+def test_models_and_json_schema_completion(client, default_engine):
+    assert client.get("/v1/models").json()["data"][0]["id"] == MODEL
+    messages = [{"role": "system", "content": "Triage the ticket."}, {"role": "user", "content": TEXT}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "ticket", "schema": TICKET, "strict": True}}
+    data = chat(client, messages=messages, response_format=fmt).json()
+    content = json.loads(data["choices"][0]["message"]["content"])
+    assert content == default_engine.extract("Triage the ticket.\n\n" + TEXT, TICKET).values
+    assert data["choices"][0]["finish_reason"] == "stop" and data["object"] == "chat.completion"
+    assert set(data["pcd"]["fields"]) == set(content) and data["usage"]["completion_tokens"] > 0
+
+
+def test_openai_errors(client):
+    messages = [{"role": "user", "content": TEXT}]
+    bad = {"type": "object", "properties": {"summary": {"type": "string"}}}
+    for response_format, code in [
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": bad}}, "unsupported_schema"),
+        ({"type": "json_object"}, "unsupported_response_format"),
+    ]:
+        response = chat(client, messages=messages, response_format=response_format)
+        assert response.status_code == 400
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error" and error["code"] == code
+        assert error["param"] == "response_format"
+    response = client.post("/v1/chat/completions", json={"model": "gpt-4o", "messages": messages})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+    response = chat(client, messages=[])
+    assert response.status_code == 400 and response.json()["error"]["param"] == "messages"
+    response = client.post("/v1/chat/completions", content=b"{", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_json"
+
+
+def test_free_text_and_streaming(client):
+    messages = [{"role": "user", "content": "Say hello in three words."}]
+    data = chat(client, messages=messages, max_tokens=12).json()
+    text = data["choices"][0]["message"]["content"]
+    assert isinstance(text, str) and text and data["choices"][0]["finish_reason"] in ("stop", "length")
+    streamed = chat(client, messages=messages, max_tokens=12, stream=True)
+    lines = [line[6:] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    chunks = [json.loads(line) for line in lines[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == text
+    assert chunks[-1]["choices"][0]["finish_reason"] == data["choices"][0]["finish_reason"]
+
+
+# ------------------------------------------------------------------------------------------------ live server
+
+
+@pytest.fixture(scope="module")
+def live(default_engine):
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(default_engine, model_name=MODEL), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+    sock.close()
+
+
+class Ticket(BaseModel):
+    sentiment: Literal["POSITIVE", "NEUTRAL", "NEGATIVE"]
+    wants_refund: bool
+
+
+def test_official_openai_client(live, default_engine):
+    import openai
+
+    client = openai.OpenAI(base_url=f"{live}/v1", api_key="not-needed", max_retries=0)
+    assert [m.id for m in client.models.list()] == [MODEL]
+    completion = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": TEXT}],
+        response_format={"type": "json_schema", "json_schema": {"name": "ticket", "schema": TICKET, "strict": True}},
+    )
+    values = json.loads(completion.choices[0].message.content)
+    assert values == default_engine.extract(TEXT, TICKET).values
+    assert set(completion.model_extra["pcd"]["fields"]) == set(values)
+    parsed = client.chat.completions.parse(
+        model=MODEL, messages=[{"role": "user", "content": TEXT}], response_format=Ticket
+    )
+    assert parsed.choices[0].message.parsed == Ticket(**default_engine.extract(TEXT, Ticket).values)
+    with pytest.raises(openai.BadRequestError) as exc:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": TEXT}], response_format={"type": "json_object"}
+        )
+    assert exc.value.code == "unsupported_response_format"
+
+
+def test_concurrent_requests_equal_serial_ones(live):
+    """32 concurrent /api/extract requests on loopback: all answered, all identical to the serial answer."""
+    import httpx
+
+    body = {"schema": TICKET, "context": TEXT}
+    serial = httpx.post(f"{live}/api/extract", json=body, timeout=120).json()
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        responses = list(pool.map(lambda _: httpx.post(f"{live}/api/extract", json=body, timeout=300), range(32)))
+    assert [r.status_code for r in responses] == [200] * 32
+    for r in responses:
+        data = r.json()
+        assert data["values"] == serial["values"]
+        assert data["fields"] == serial["fields"]
+
+
+# ------------------------------------------------------------------------------------------------ browser
+
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian's chromium is not installed (scripts/setup installs it as root)")
+def test_page_in_headless_chromium(live):
+    from playwright.sync_api import sync_playwright
+
+    artifacts = Path(os.environ.get("PCD_TEST_ARTIFACTS", ROOT / "test-artifacts"))
+    artifacts.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.goto(live)
+            page.wait_for_selector("body[data-ready='1']")
+            page.select_option("#preset", "support_triage")
+            page.fill("#ar-limit", "80")
+            page.click("#run")
+            page.wait_for_selector("#ar-status[data-done='1']", timeout=180_000)
+            page.wait_for_function("document.getElementById('pcd-status').textContent === 'done'", timeout=180_000)
+            assert page.text_content("#error") == ""
+            keys = page.eval_on_selector_all("#pcd-rows tr", "rows => rows.map(r => r.dataset.key)")
+            ar_keys = page.eval_on_selector_all("#ar-rows tr", "rows => rows.map(r => r.dataset.key)")
+            assert keys == ar_keys and len(keys) >= 28  # aligned by key, invented keys included
+            flagged = page.eval_on_selector_all(
+                "#ar-rows tr.missing, #ar-rows tr.invalid, #ar-rows tr.invented", "rows => rows.length"
+            )
+            assert flagged > 0  # 80 tokens cannot hold 28 fields: at least the unwritten ones are highlighted
+            probability = float(page.text_content("#pcd-rows tr:first-child td.probability"))
+            assert 0.0 < probability <= 1.0
+            assert int(page.text_content("#pcd-ms")) > 0 and int(page.text_content("#ar-ms")) > 0
+            page.hover(f"#pcd-rows tr[data-key='{keys[1]}']")
+            assert "hover" in page.get_attribute(f"#ar-rows tr[data-key='{keys[1]}']", "class")
+            page.screenshot(path=str(artifacts / "pcd-serve-page.png"), full_page=True)
+        finally:
+            browser.close()
+    assert (artifacts / "pcd-serve-page.png").stat().st_size > 10_000
