@@ -36,12 +36,13 @@ __all__ = ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"]
 PROBE_TEXT = "The parcel arrived two weeks late and the box was crushed. I would like a refund within 12 hours, please."
 # The probe (also the test suite's conformance probe): labels that share token prefixes ("12_HOURS" / "1_HOUR",
 # 1 / 12 / 123, "angry" / "angr"), so a wrong ancestor mask or a wrong depth position shows up as a different
-# log-prob.
+# log-prob; and an optional field's null.
 PROBE = {
     "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
     "refund": {"type": "boolean", "description": "Asks for money back"},
     "level": {"type": "enum", "choices": [1, 12, 123, 2]},
     "tone": {"type": "enum", "choices": ["angry", "angr", "calm"]},
+    "carrier": {"type": "enum", "choices": ["dhl", "ups", None]},
 }
 
 

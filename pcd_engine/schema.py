@@ -2,10 +2,13 @@
 
 Three inputs are accepted and all end up as one :class:`Schema`:
 
-* a Pydantic v2 model whose fields are ``bool``, ``Literal[...]`` of str or int, or an ``Enum`` of str or int;
-* a JSON Schema object with ``boolean``, ``enum``, ``const`` and ``anyOf``/``oneOf`` of consts, with ``$ref``;
-* a preset dict ``{"field": {"type": "enum" | "boolean", "choices": [...], "description": ..., "depends_on": [...]}}``,
-  or a preset file ``{"title": ..., "schema": {...}, "context": ...}``.
+* a Pydantic v2 model whose fields are ``bool``, ``Literal[...]`` of str or int, an ``Enum`` of str or int, a
+  bounded ``int`` (``ge``/``gt`` and ``le``/``lt``, at most :data:`MAX_INT_LABELS` values), or ``Optional`` of one
+  of those (``None`` becomes one more label, written as JSON ``null``);
+* a JSON Schema object with ``boolean``, ``enum``, ``const``, bounded ``integer``, ``null``, ``type`` lists and
+  ``anyOf``/``oneOf`` of those, with ``$ref``;
+* a preset dict ``{"field": {"type": "enum" | "boolean", "choices": [...], "description": ..., "depends_on": [...]}}``
+  (a ``null`` choice makes the field optional), or a preset file ``{"title": ..., "schema": {...}, "context": ...}``.
 
 Anything else raises :class:`~pcd_engine.errors.SchemaError` naming the field, before any model work.
 """
@@ -25,6 +28,7 @@ from typing import Any, Literal, Union
 from pcd_engine.errors import SchemaError
 
 __all__ = [
+    "MAX_INT_LABELS",
     "FieldSpec",
     "Label",
     "Preset",
@@ -33,7 +37,9 @@ __all__ = [
     "load_preset",
 ]
 
-LabelValue = str | int | bool
+LabelValue = str | int | bool | None
+# A bounded integer field becomes one label per value; wider ranges need a Literal of the values that matter.
+MAX_INT_LABELS = 256
 _PRESET_TYPES = ("enum", "boolean")
 _PRESET_FILE_KEYS = {"title", "schema", "context", "description"}
 
@@ -43,9 +49,10 @@ class Label:
     """One allowed value of a field.
 
     Attributes:
-        value: The value as it appears in the output dict (a str, int or bool; enum values, not members).
+        value: The value as it appears in the output dict (a str, int, bool, or ``None`` for an optional field's
+            null; enum values, not members).
         surfaces: The JSON texts the model may write for it, canonical first. ``True`` has ``true`` and
-            ``"true"``; ``3`` has ``3`` and ``"3"``; a string has its JSON-quoted form only.
+            ``"true"``; ``3`` has ``3`` and ``"3"``; a string has its JSON-quoted form only; ``None`` has ``null``.
     """
 
     value: LabelValue
@@ -143,6 +150,8 @@ class Preset:
 
 
 def _label(value: Any, *, field_name: str) -> Label:
+    if value is None:
+        return Label(None, ("null",))
     if isinstance(value, bool):
         return Label(value, (json.dumps(value), json.dumps(json.dumps(value))))
     if isinstance(value, int):
@@ -150,7 +159,7 @@ def _label(value: Any, *, field_name: str) -> Label:
     if isinstance(value, str):
         return Label(value, (json.dumps(value, ensure_ascii=False),))
     raise SchemaError(
-        f"Field {field_name!r}: expected every allowed value to be a str, int or bool, but got "
+        f"Field {field_name!r}: expected every allowed value to be a str, int, bool or null, but got "
         f"{type(value).__name__} {value!r}. Use string or integer labels."
     )
 
@@ -192,12 +201,60 @@ def _type_name(annotation: Any) -> str:
     return str(annotation).replace("typing.", "")
 
 
-def _from_annotation(name: str, annotation: Any, description: str | None) -> FieldSpec:
+def _int_range(name: str, lo: Any, hi: Any) -> list[int]:
+    """The integers of a bounded range, checked against :data:`MAX_INT_LABELS`."""
+    if lo is None or hi is None:
+        side = "lower" if lo is None else "upper"
+        raise SchemaError(
+            f"Field {name!r}: expected an int with both bounds (ge/gt and le/lt), but it has no {side} bound. "
+            f"Bound it (at most {MAX_INT_LABELS} values) or use a Literal of the allowed numbers."
+        )
+    values = list(range(int(lo), int(hi) + 1))
+    if not values:
+        raise SchemaError(f"Field {name!r}: expected a non-empty integer range, but got {lo}..{hi}.")
+    if len(values) > MAX_INT_LABELS:
+        raise SchemaError(
+            f"Field {name!r}: expected a bounded int of at most {MAX_INT_LABELS} values, but got {len(values)} "
+            f"({lo}..{hi}). Narrow the range or use a Literal of the allowed numbers."
+        )
+    return values
+
+
+def _bounds(metadata: Sequence[Any]) -> tuple[Any, Any]:
+    """Inclusive integer bounds from Pydantic / annotated-types constraints (ge, gt, le, lt, Interval)."""
+    lo = hi = None
+    for item in metadata:
+        for inner in [item, *getattr(item, "metadata", ())]:
+            if getattr(inner, "ge", None) is not None:
+                lo = inner.ge
+            if getattr(inner, "gt", None) is not None:
+                lo = inner.gt + 1
+            if getattr(inner, "le", None) is not None:
+                hi = inner.le
+            if getattr(inner, "lt", None) is not None:
+                hi = inner.lt - 1
+    return lo, hi
+
+
+def _from_annotation(name: str, annotation: Any, description: str | None, metadata: Sequence[Any] = ()) -> FieldSpec:
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
-        return _from_annotation(name, typing.get_args(annotation)[0], description)
+        inner, *extra = typing.get_args(annotation)
+        return _from_annotation(name, inner, description, [*metadata, *extra])
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(options) == 1 and len(options) < len(typing.get_args(annotation)):
+            inner_spec = _from_annotation(name, options[0], description, metadata)
+            labels = _labels([*inner_spec.values, None], field_name=name)
+            return FieldSpec(name, "enum", labels, description)
+        raise SchemaError(
+            f"Field {name!r}: expected a bool, Literal, Enum, bounded int, or Optional of one of them, but got "
+            f"{_type_name(annotation)}. Merge the choices into one Literal[...]."
+        )
     if annotation is bool:
         return _boolean(name, description)
+    if annotation is int:
+        return _enum(name, _int_range(name, *_bounds(metadata)), description)
     if origin is Literal:
         values = typing.get_args(annotation)
         if values and all(isinstance(v, bool) for v in values):
@@ -209,17 +266,17 @@ def _from_annotation(name: str, annotation: Any, description: str | None) -> Fie
         members = list(annotation)
         return _enum(name, [m.value for m in members], description)
     received = _type_name(annotation)
-    hint = "Use a Literal[...] of the allowed values."
-    if origin in (Union, types.UnionType):
-        hint = "Optional and union fields are not supported yet; use a Literal[...] that includes a 'NONE' label."
-    raise SchemaError(f"Field {name!r}: expected a bool, Literal or Enum type, but got {received}. {hint}")
+    raise SchemaError(
+        f"Field {name!r}: expected a bool, Literal, Enum or bounded int type, but got {received}. "
+        "Use a Literal[...] of the allowed values."
+    )
 
 
 def _from_pydantic(model: type) -> Schema:
     specs = []
     for name, info in model.model_fields.items():  # type: ignore[attr-defined]
         key = info.alias or name
-        specs.append(_from_annotation(key, info.annotation, info.description))
+        specs.append(_from_annotation(key, info.annotation, info.description, info.metadata))
     doc = model.__doc__
     if doc is not None:
         doc = _clean_doc(doc)
@@ -274,32 +331,55 @@ def _from_json_property(name: str, node: Mapping[str, Any], root: Mapping[str, A
         values = node["enum"]
         if not isinstance(values, list):
             raise SchemaError(f"Field {name!r}: expected 'enum' to be a list, but got {type(values).__name__}.")
-        if node.get("type") == "boolean" or (values and all(isinstance(v, bool) for v in values)):
+        if values and all(isinstance(v, bool) for v in values):
             return FieldSpec(name, "boolean", _labels(values, field_name=name), description, tuple(depends_on))
         return _enum(name, values, description, depends_on)
     for key in ("anyOf", "oneOf"):
         if key in node:
             options = node[key]
-            values = []
+            if not isinstance(options, list) or not options:
+                raise SchemaError(f"Field {name!r}: expected {key!r} to be a non-empty list of options.")
+            collected: list[Any] = []
             for option in options:
-                option = _resolve(option, root, field_name=name) if isinstance(option, Mapping) else option
-                if isinstance(option, Mapping) and "const" in option:
-                    values.append(option["const"])
-                elif isinstance(option, Mapping) and isinstance(option.get("enum"), list):
-                    values.extend(option["enum"])
-                else:
-                    raise SchemaError(
-                        f"Field {name!r}: expected every {key} option to be a const or enum, but got "
-                        f"{json.dumps(option)[:80]}. Nullable and mixed types are not supported yet."
-                    )
-            return _enum(name, values, description, depends_on)
-    if node.get("type") == "boolean":
+                if not isinstance(option, Mapping):
+                    raise SchemaError(f"Field {name!r}: expected every {key} option to be an object.")
+                collected.extend(_json_values(name, {**option, "description": None}, root, key))
+            return _enum(name, collected, description, depends_on)
+    kinds = node.get("type")
+    if isinstance(kinds, list):
+        collected = [v for kind in kinds for v in _json_values(name, {**node, "type": kind}, root, "type")]
+        return _enum(name, collected, description, depends_on)
+    if kinds == "boolean":
         return _boolean(name, description, depends_on)
+    if kinds == "integer":
+        return _enum(name, _json_int_range(name, node), description, depends_on)
+    if kinds == "null":
+        return _enum(name, [None], description, depends_on)
     received = node.get("type", "a schema without enum, const or type")
     raise SchemaError(
-        f"Field {name!r}: expected a boolean, enum, const, or anyOf/oneOf of consts, but got {received!r}. "
-        "Give the field an 'enum' of its allowed values."
+        f"Field {name!r}: expected a boolean, enum, const, bounded integer, null, or anyOf/oneOf of those, but got "
+        f"{received!r}. Give the field an 'enum' of its allowed values."
     )
+
+
+def _json_int_range(name: str, node: Mapping[str, Any]) -> list[int]:
+    lo, hi = node.get("minimum"), node.get("maximum")
+    if node.get("exclusiveMinimum") is not None:
+        lo = int(node["exclusiveMinimum"]) + 1
+    if node.get("exclusiveMaximum") is not None:
+        hi = int(node["exclusiveMaximum"]) - 1
+    return _int_range(name, lo, hi)
+
+
+def _json_values(name: str, option: Mapping[str, Any], root: Mapping[str, Any], where: str) -> list[Any]:
+    """The allowed values of one anyOf / oneOf option or one entry of a ``type`` list."""
+    try:
+        return list(_from_json_property(name, option, root).values)
+    except SchemaError as exc:
+        raise SchemaError(
+            f"Field {name!r}: expected every {where} option to be a const, enum, boolean, bounded integer or null, "
+            f"but got {json.dumps(option, default=str)[:80]} ({exc})."
+        ) from None
 
 
 def _from_json_schema(schema: Mapping[str, Any]) -> Schema:

@@ -24,6 +24,9 @@ PRESET = {
     "tone": {"type": "enum", "choices": ["angry", "angr", "calm", 'çalm "quoted" \\ back']},
     "catalogue": {"type": "enum", "choices": [f"ITEM_{i}" for i in range(40)]},
     "queue": {"type": "enum", "choices": ["billing"]},
+    # Optional fields and bounded ints are enum fields with a null label / one label per number.
+    "carrier": {"type": "enum", "choices": ["dhl", "ups", None]},
+    "rating": {"type": "enum", "choices": [1, 2, 3, 4, 5, 10, None]},
 }
 
 

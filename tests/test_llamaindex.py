@@ -180,5 +180,5 @@ def test_extractor_skips_empty_nodes_and_names_a_str_field(default_engine, calls
 
     from pcd_engine import SchemaError
 
-    with pytest.raises(SchemaError, match="Field 'summary': expected a bool, Literal or Enum type, but got str"):
+    with pytest.raises(SchemaError, match="Field 'summary': expected a bool, Literal, Enum or bounded int .*got str"):
         PCDMetadataExtractor(Summary, engine=default_engine).extract([TextNode(text=SPORT_TEXT)])

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import enum
 import json
+import re
 from typing import Annotated, Literal, Optional
 
 import pytest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, conint
 
 from pcd_engine import SchemaError, compile_schema, load_preset
 
@@ -107,13 +108,77 @@ class Address(BaseModel):
 
 
 @pytest.mark.parametrize(
-    ("annotation", "received"),
-    [(str, "got str"), (int, "got int"), (Address, "got Address"), (Optional[Literal["a"]], "Optional")],  # noqa: UP045
+    ("annotation", "message"),
+    [
+        (str, "expected a bool, Literal, Enum or bounded int type, but got str"),
+        (Address, "expected a bool, Literal, Enum or bounded int type, but got Address"),
+        (int, "expected an int with both bounds (ge/gt and le/lt), but it has no lower bound"),
+        (Annotated[int, Field(ge=0)], "it has no upper bound"),
+        (Annotated[int, Field(ge=0, le=1000)], "at most 256 values, but got 1001 (0..1000)"),
+        (Annotated[int, Field(ge=5, le=1)], "expected a non-empty integer range, but got 5..1"),
+        (Optional[str], "expected a bool, Literal, Enum or bounded int type, but got str"),  # noqa: UP045
+        (Literal["a"] | Literal["b"] | None, "expected a bool, Literal, Enum, bounded int, or Optional of one"),
+        (bool | Literal["a"], "Merge the choices into one Literal"),
+    ],
 )
-def test_unsupported_pydantic_fields(annotation, received):
+def test_unsupported_pydantic_fields(annotation, message):
     model = type("M", (BaseModel,), {"__annotations__": {"good": bool, "bad": annotation}})
-    with pytest.raises(SchemaError, match=rf"Field 'bad': expected a bool, Literal or Enum type, but .*{received}"):
+    with pytest.raises(SchemaError, match=re.escape("Field 'bad': ") + ".*" + re.escape(message)):
         compile_schema(model)
+
+
+class Closed(BaseModel):
+    """Optional fields and bounded integers are closed fields too."""
+
+    maybe: Optional[Literal["x", "y"]]  # noqa: UP045
+    flag: bool | None
+    stars: Annotated[int, Field(ge=1, le=5)]
+    level: conint(ge=0, lt=3)
+    count: int = Field(gt=0, le=3)
+    size: Optional[Annotated[int, Field(ge=1, le=2)]] = None  # noqa: UP045
+
+
+def test_optional_and_bounded_int_fields():
+    schema = compile_schema(Closed)
+    assert [(f.name, f.kind, f.values) for f in schema.fields] == [
+        ("maybe", "enum", ("x", "y", None)),
+        ("flag", "enum", (True, False, None)),
+        ("stars", "enum", (1, 2, 3, 4, 5)),
+        ("level", "enum", (0, 1, 2)),
+        ("count", "enum", (1, 2, 3)),
+        ("size", "enum", (1, 2, None)),
+    ]
+    assert schema.field("maybe").labels[2].surfaces == ("null",)
+    assert schema.field("stars").labels[0].surfaces == ("1", '"1"')
+    # Pydantic's own JSON Schema of the model, and pcd's export, compile to the same fields.
+    for exported in (Closed.model_json_schema(), schema.json_schema()):
+        assert [(f.name, f.values) for f in compile_schema(exported).fields] == [
+            (f.name, f.values) for f in schema.fields
+        ]
+
+
+@pytest.mark.parametrize(
+    ("node", "values"),
+    [
+        ({"type": ["boolean", "null"]}, (True, False, None)),
+        ({"anyOf": [{"enum": ["a", "b"]}, {"type": "null"}]}, ("a", "b", None)),
+        ({"enum": ["a", None]}, ("a", None)),
+        ({"type": "integer", "minimum": 1, "maximum": 3}, (1, 2, 3)),
+        ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 3}, (1, 2)),
+        ({"type": ["integer", "null"], "minimum": 0, "maximum": 1}, (0, 1, None)),
+        ({"type": "null"}, (None,)),
+    ],
+)
+def test_json_schema_nullable_and_integer_fields(node, values):
+    schema = compile_schema({"type": "object", "properties": {"x": node}})
+    assert schema.fields[0].values == values
+
+
+def test_json_schema_unbounded_integer_is_a_typed_error():
+    with pytest.raises(SchemaError, match="Field 'n': expected an int with both bounds"):
+        compile_schema({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})
+    with pytest.raises(SchemaError, match="Field 'n': expected every anyOf option"):
+        compile_schema({"type": "object", "properties": {"n": {"anyOf": [{"type": "string"}, {"type": "null"}]}}})
 
 
 @pytest.mark.parametrize(
@@ -127,7 +192,7 @@ def test_unsupported_pydantic_fields(annotation, received):
         ({"x": {"type": "enum", "choices": ["a", " a "]}}, r"differ only by surrounding whitespace"),
         (
             {"x": {"type": "enum", "choices": [1.5]}},
-            r"Field 'x': expected every allowed value to be a str, int or bool",
+            r"Field 'x': expected every allowed value to be a str, int, bool or null",
         ),
         ({"x": {"type": "enum", "choices": "ab"}}, r"Field 'x': expected 'choices' to be a list"),
         (
@@ -151,7 +216,7 @@ def test_bad_presets(preset, match):
     ("schema", "match"),
     [
         ({"type": "object", "properties": {"s": {"type": "string"}}}, r"Field 's': expected a boolean, enum, const"),
-        ({"type": "object", "properties": {"n": {"type": "integer"}}}, r"Field 'n': .*but got 'integer'"),
+        ({"type": "object", "properties": {"n": {"type": "integer"}}}, r"Field 'n': expected an int with both bounds"),
         ({"type": "object", "properties": {"o": {"type": "object", "properties": {}}}}, r"Field 'o'"),
         ({"type": "object", "properties": {"r": {"$ref": "#/$defs/Nope"}}}, r"Field 'r': \$ref '#/\$defs/Nope'"),
         ({"type": "object", "properties": {}}, r"at least one entry in 'properties'"),
