@@ -347,8 +347,7 @@ def evaluate(
             result = BASELINES[method](engine, text, schema)
             times[method].append(result.ms)
             value = (result.values or {}).get(field, INVALID)
-            ok = any(type(value) is type(v) and value == v for v in schema.field(field).values)
-            preds[method].append(str(value) if ok else INVALID)
+            preds[method].append(str(value) if schema.field(field).allows(value) else INVALID)
     gold = [d.label for d in docs]
     labels = [str(v) for v in schema.field(field).values]
     scores = tuple(

@@ -82,6 +82,10 @@ class FieldSpec:
         """The allowed values, in order."""
         return tuple(label.value for label in self.labels)
 
+    def allows(self, value: Any) -> bool:
+        """Whether ``value`` is one of the allowed values, type included (``1`` is not ``True``, ``"1"`` not ``1``)."""
+        return any(type(value) is type(v) and value == v for v in self.values)
+
 
 @dataclass(frozen=True)
 class Schema:

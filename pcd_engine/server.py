@@ -68,9 +68,7 @@ def _key_status(compiled: Any, text: str, result: BaselineResult | None) -> dict
         if spec.name not in written:
             status[spec.name] = "missing"
         else:
-            value = written[spec.name]
-            ok = any(type(value) is type(v) and value == v for v in spec.values)
-            status[spec.name] = "ok" if ok else "invalid"
+            status[spec.name] = "ok" if spec.allows(written[spec.name]) else "invalid"
     known = {f.name for f in compiled.fields}
     return {"values": written, "status": status, "invented": [k for k in written if k not in known]}
 
