@@ -41,7 +41,8 @@ def main(argv: list[str]) -> int:
     for f in out.fields.values():
         alts = ", ".join(f"{a.value}={a.probability:.2f}" for a in f.alternatives[1:3])
         mass = "-" if f.candidate_mass is None else f"{f.candidate_mass:.2f}"
-        print(f"{f.name:<14} {str(f.value):<10} {f.probability:>6.2f} {mass:>6}  {alts}")
+        prob = "gen" if f.probability is None else f"{f.probability:.2f}"
+        print(f"{f.name:<14} {str(f.value):<10} {prob:>6} {mass:>6}  {alts}")
     print(f"\nmodel: {out.model!r}")
     s = out.stats
     print(

@@ -96,7 +96,7 @@ def _check(compiled: Schema, written: str) -> tuple[dict[str, Any] | None, list[
         for spec in compiled.fields:
             if spec.name not in values:
                 errors.append(f"missing key {spec.name!r}")
-            elif not spec.allows(values[spec.name]):
+            elif not spec.allows(spec.read(values[spec.name])):
                 errors.append(f"invalid value for {spec.name!r}: {values[spec.name]!r}")
         known = {f.name for f in compiled.fields}
         errors.extend(f"extra key {k!r}" for k in values if k not in known)

@@ -193,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         (
             f.name,
             json.dumps(f.value, ensure_ascii=False),
-            f"{f.probability:.2f}",
+            "generated" if f.probability is None else f"{f.probability:.2f}",
             _fmt_mass(f.candidate_mass),
             ", ".join(f"{json.dumps(a.value, ensure_ascii=False)}={a.probability:.2f}" for a in f.alternatives[1:3]),
         )

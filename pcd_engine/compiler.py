@@ -26,14 +26,16 @@ first token where they differ, so nothing is ever scored at a misaligned positio
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.prompt import TokenizerView, field_line, tail_tokens
-from pcd_engine.schema import FieldSpec
+from pcd_engine.schema import FieldSpec, Label
 
-__all__ = ["CompiledWave", "FieldTrie", "LabelPath", "TokenTree", "compile_wave"]
+__all__ = ["CompiledWave", "FieldTrie", "LabelPath", "TokenTree", "compile_wave", "questions", "written_value"]
 
 
 @dataclass(frozen=True)
@@ -219,3 +221,37 @@ def compile_wave(
         packed=tuple(i for i, c in enumerate(has_child) if c),
     )
     return CompiledWave(tail_ids=tuple(base[skip:]), causal_len=start - skip, tree=tree, fields=tuple(tries))
+
+
+def questions(spec: FieldSpec) -> tuple[FieldSpec, ...]:
+    """The closed questions that decide ``spec``: the field itself, or one yes/no question per label of a
+    multi-label field.
+
+    A multi-label field ``tags`` with labels ``"x"`` and ``"y"`` is asked as the flags object the instructions
+    describe, one flag at a time and each as if it were the object's first key, so that every flag is decided
+    in the same pass and independently of the others' answers::
+
+        \\n  "tags": {"x": true},        \\n  "tags": {"y": true},
+        \\n  "tags": {"x": false},       \\n  "tags": {"y": false},
+    """
+    if spec.kind != "multi":
+        return (spec,)
+    out = []
+    for label in spec.labels:
+        key = label.surfaces[0] if isinstance(label.value, str) else json.dumps(json.dumps(label.value))
+        yes = Label(True, tuple(f"{{{key}: {s}}}" for s in ("true", '"true"')))
+        no = Label(False, tuple(f"{{{key}: {s}}}" for s in ("false", '"false"')))
+        out.append(FieldSpec(spec.name, "boolean", (yes, no), spec.description))
+    return tuple(out)
+
+
+def written_value(spec: FieldSpec, value: Any) -> str:
+    """The JSON text of ``value`` as it is written into the prompt for later waves and the open rows."""
+    if spec.kind == "multi":
+        chosen = list(value)
+        flags = {str(v) if not isinstance(v, str) else v: v in chosen for v in spec.values}
+        return json.dumps(flags, ensure_ascii=False)
+    if spec.kind == "open":
+        return json.dumps(value, ensure_ascii=False)
+    index = next(i for i, v in enumerate(spec.values) if type(v) is type(value) and v == value)
+    return spec.labels[index].surfaces[0]

@@ -3,6 +3,8 @@
 One request runs, per wave of fields, ONE forward pass on top of the schema head's cached KV: the document (or
 the answers written by the previous wave) as a causal block, followed by the packed trie of every label of
 every field in the wave. A wave's tree is split over several passes only when it would exceed the memory budget.
+Open fields come last: every closed answer is written into the prompt, and one row per open field is generated
+under its JSON Schema, all rows advancing together one forward pass per token (:mod:`pcd_engine.generation`).
 """
 
 from __future__ import annotations
@@ -18,13 +20,14 @@ import numpy as np
 
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.base import Backend, Prefix
-from pcd_engine.compiler import CompiledWave, compile_wave
+from pcd_engine.compiler import CompiledWave, compile_wave, questions, written_value
 from pcd_engine.decoding import Decision, Fixed, choose_strategy
 from pcd_engine.errors import ContextError, OptionError, PromptAlignmentError
+from pcd_engine.generation import Generated, Grammars, RowPlan, compile_rows, generate_open
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line, tail_tokens
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
-from pcd_engine.schema import Schema, compile_schema
+from pcd_engine.schema import FieldSpec, Schema, compile_schema
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -44,6 +47,8 @@ class EngineOptions:
             ones use the trie walk.
         top_k: How many alternatives each field reports.
         low_mass_warning: Warn when a field's candidate mass is below this.
+        max_tokens: The most tokens generated for one open field's value (a field's own ``max_tokens`` wins);
+            a value cut there is flagged ``truncated``.
     """
 
     anchor: bool = True
@@ -52,8 +57,11 @@ class EngineOptions:
     marginal_max_labels: int = 32
     top_k: int = 5
     low_mass_warning: float = 0.1
+    max_tokens: int = 64
 
     def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise OptionError(f"max_tokens: expected an integer >= 1, but got {self.max_tokens}.")
         if self.head_cache_size < 1:
             raise OptionError(f"head_cache_size: expected an integer >= 1, but got {self.head_cache_size}.")
         if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:
@@ -69,7 +77,7 @@ class _Plan:
 
 
 class Engine:
-    """Fills in closed-field schemas from text with a local model.
+    """Fills in schemas from text with a local model: closed fields scored, open fields generated.
 
     Args:
         backend: A loaded backend.
@@ -94,6 +102,8 @@ class Engine:
         self._heads: OrderedDict[str, tuple[_Plan, Prefix]] = OrderedDict()
         self._waves: OrderedDict[tuple[str, str, tuple[str, ...]], CompiledWave] = OrderedDict()
         self._pass_plans: OrderedDict[tuple[int, int], tuple[CompiledWave, list[TreeBatch]]] = OrderedDict()
+        self._row_plans: OrderedDict[tuple[str, str, str], RowPlan] = OrderedDict()
+        self._grammars = Grammars(backend.tokenizer)
 
     @classmethod
     def load(
@@ -175,7 +185,10 @@ class Engine:
             choose_strategy(2, name=strategy)  # validate before any model work
         document = self._check_text(text)
         use_anchor = self.options.anchor if anchor is None else anchor
-        phases = dict.fromkeys(("tokenize", "prefill", "compile", "forward", "decode"), 0.0)
+        open_fields = [f for f in compiled.fields if not f.scored]
+        for spec in open_fields:
+            self._grammars.grammar(spec)  # llguidance must accept the value schema before any model work
+        phases = dict.fromkeys(("tokenize", "prefill", "compile", "forward", "decode", "generate"), 0.0)
         passes_before = self.backend.forward_passes
 
         plan, prefix = self._head(compiled, phases)
@@ -187,7 +200,17 @@ class Engine:
                 "their tokenization. Strip unusual trailing characters from the text."
             )
         waves = plan_waves(compiled, anchor=use_anchor)
-        deepest = 2 + max(len(l.surfaces[0]) for f in compiled.fields for l in f.labels)
+        deepest = 2 + max(
+            [len(l.surfaces[0]) for f in compiled.fields for q in questions(f) for l in q.labels]
+            + [8 + (f.max_tokens or self.options.max_tokens) for f in open_fields]
+        )
+        if open_fields:  # the rows' prompt also holds every closed answer
+            deepest += sum(
+                12 + max(len(l.surfaces[0]) for l in q.labels)
+                for f in compiled.fields
+                if f.scored
+                for q in questions(f)
+            )
         if len(ids) + deepest > self.backend.max_context:
             raise ContextError(
                 f"Context: expected the prompt to fit the model's window of {self.backend.max_context} tokens, but "
@@ -201,25 +224,15 @@ class Engine:
         tail_text = plan.prompt.tail_text
         results: dict[str, FieldResult] = {}
         warnings: list[str] = []
+        written: set[str] = set()
         nodes_scored = 0
         for index, wave in enumerate(waves):
-            scored = [f for f in wave if len(f.labels) > 1]
-            chosen: dict[str, int] = {}
-            if scored:
+            asked = [(spec, q) for spec in wave for q in questions(spec) if len(q.labels) > 1]
+            decided: dict[str, list[Decision]] = {}
+            if asked:
                 tick = time.perf_counter()
-                cw = self._compile(compiled, scored, tail_text)
-                if cw.tail_ids[: len(committed)] != committed or cw.causal_len < len(committed):
-                    raise PromptAlignmentError(
-                        f"Wave {index}: expected the written answers to extend the tail's tokens, but they "
-                        "re-tokenized the text before them."
-                    )
-                pending.extend(cw.tail_ids[len(committed) : cw.causal_len])
-                committed = cw.tail_ids[: cw.causal_len]
-                if not pending:
-                    raise PromptAlignmentError(
-                        f"Wave {index}: expected new prompt tokens before the tree (the root distribution is read from "
-                        "the last one), but the written answers added none."
-                    )
+                cw = self._compile(compiled, [q for _, q in asked], tail_text)
+                pending, committed = self._extend(pending, committed, cw.tail_ids, cw.causal_len, where=f"Wave {index}")
                 budget_mb = self.options.memory_budget_mb or self.backend.default_memory_budget_mb
                 budget = int(budget_mb * 2**20)
                 passes = self._passes(cw, self._max_nodes(state.length, len(pending), budget))
@@ -234,24 +247,53 @@ class Engine:
                 phases["forward"] += (time.perf_counter() - tick) * 1000
 
                 tick = time.perf_counter()
-                for trie in cw.fields:
+                for (spec, _q), trie in zip(asked, cw.fields, strict=True):
                     n = len(trie.spec.labels)
                     decision = choose_strategy(
                         n, name=strategy, marginal_max_labels=self.options.marginal_max_labels
                     ).decide(trie, logprobs, temperature=float(temperature))
-                    results[trie.spec.name] = self._field_result(trie.spec, decision, index, warnings)
-                    chosen[trie.spec.name] = decision.label
+                    decided.setdefault(spec.name, []).append(decision)
                 phases["decode"] += (time.perf_counter() - tick) * 1000
+            for spec in wave:
+                if spec.kind == "multi":
+                    results[spec.name] = self._multi_result(spec, decided[spec.name], index, warnings)
+                else:
+                    fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
+                    decision = decided[spec.name][0] if spec.name in decided else fixed
+                    results[spec.name] = self._field_result(spec, decision, index, warnings)
             # Later waves read the anchor and the answers they depend on; writing every answer would only add
             # prompt tokens to process (a 28-field schema writes ~9 tokens per field).
             needed = {dep for later in waves[index + 1 :] for spec in later for dep in spec.depends_on}
             for spec in wave:
-                if spec.name not in results:
-                    decision = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
-                    results[spec.name] = self._field_result(spec, decision, index, warnings)
-                    chosen[spec.name] = 0
                 if spec.name in needed or (use_anchor and index == 0):
-                    tail_text += field_line(spec.name, spec.labels[chosen[spec.name]].surfaces[0])
+                    tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
+                    written.add(spec.name)
+
+        generation_passes = generated_tokens = 0
+        if open_fields:
+            tick = time.perf_counter()
+            # The open rows see every closed answer.
+            for spec in compiled.fields:
+                if spec.scored and spec.name not in written:
+                    tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
+            rows = self._rows(compiled, open_fields, tail_text)
+            pending, committed = self._extend(pending, committed, rows.tail_ids, rows.causal_len, where="Open rows")
+            before = self.backend.forward_passes
+            values = generate_open(
+                self.backend,
+                state,
+                causal=pending,
+                plan=rows,
+                fields=open_fields,
+                grammars=self._grammars,
+                tokenizer=self.tokenizer,
+                max_tokens=self.options.max_tokens,
+            )
+            generation_passes = self.backend.forward_passes - before
+            for spec, generated in zip(open_fields, values, strict=True):
+                results[spec.name] = self._generated_result(spec, generated, len(waves), warnings)
+                generated_tokens += generated.tokens
+            phases["generate"] += (time.perf_counter() - tick) * 1000
 
         if plan.prompt.system_folded:
             warnings.insert(0, "The chat template has no system role; the instructions were put in the user turn.")
@@ -266,9 +308,11 @@ class Engine:
             forward_passes=self.backend.forward_passes - passes_before,
             nodes_scored=nodes_scored,
             waves=len(waves),
+            generation_passes=generation_passes,
+            generated_tokens=generated_tokens,
         )
-        values = {name: r.value for name, r in ordered.items()}
-        return ExtractionResult(values, ordered, tuple(warnings), stats, compiled)
+        values_out = {name: r.value for name, r in ordered.items()}
+        return ExtractionResult(values_out, ordered, tuple(warnings), stats, compiled)
 
     def extract_many(self, texts: Iterable[str], schema: Any, **kwargs: Any) -> list[ExtractionResult]:
         """Run :meth:`extract` on each text with the same schema (the head cache is shared).
@@ -334,6 +378,37 @@ class Engine:
             self._waves.popitem(last=False)
         return wave
 
+    @staticmethod
+    def _extend(
+        pending: list[int], committed: tuple[int, ...], tail_ids: Sequence[int], causal_len: int, *, where: str
+    ) -> tuple[list[int], tuple[int, ...]]:
+        """Append the tail tokens a compiled wave or row plan needs after what the state already holds."""
+        if tuple(tail_ids[: len(committed)]) != committed or causal_len < len(committed):
+            raise PromptAlignmentError(
+                f"{where}: expected the written answers to extend the tail's tokens, but they re-tokenized the text "
+                "before them."
+            )
+        pending = [*pending, *tail_ids[len(committed) : causal_len]]
+        if not pending and where.startswith("Wave"):
+            raise PromptAlignmentError(
+                f"{where}: expected new prompt tokens before the tree (the root distribution is read from the last "
+                "one), but the written answers added none."
+            )
+        return pending, tuple(tail_ids[:causal_len])
+
+    def _rows(self, schema: Schema, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
+        key = (schema.fingerprint, tail_text, "rows")
+        hit = self._row_plans.get(key)
+        if hit is not None:
+            self._row_plans.move_to_end(key)
+            return hit
+        prompt = self._heads[schema.fingerprint][0].prompt
+        rows = compile_rows(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
+        self._row_plans[key] = rows
+        while len(self._row_plans) > 64 * self.options.head_cache_size:
+            self._row_plans.popitem(last=False)
+        return rows
+
     def _passes(self, wave: CompiledWave, max_nodes: int) -> list[TreeBatch]:
         key = (id(wave), max_nodes)
         hit = self._pass_plans.get(key)
@@ -353,6 +428,57 @@ class Engine:
             else:
                 hi = mid - 1
         return lo
+
+    def _multi_result(
+        self, spec: FieldSpec, decisions: Sequence[Decision], wave: int, warnings: list[str]
+    ) -> FieldResult:
+        """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
+        or kept, and the list is in label order."""
+        yes = [d.probabilities[0] for d in decisions]
+        by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
+        chosen = {i for i in by_yes if yes[i] >= 0.5}
+        chosen |= set(by_yes[: spec.min_items])
+        if spec.max_items is not None and len(chosen) > spec.max_items:
+            chosen = set([i for i in by_yes if i in chosen][: spec.max_items])
+        masses = [d.candidate_mass for d in decisions if d.candidate_mass is not None]
+        mass = min(masses) if masses else None
+        if mass is not None and mass < self.options.low_mass_warning:
+            warnings.append(
+                f"Field {spec.name!r}: the model put only {mass:.1%} of its probability on true or false for some "
+                "of the labels; it wanted to write something else."
+            )
+        sure = [yes[i] if i in chosen else 1.0 - yes[i] for i in range(len(yes))]
+        return FieldResult(
+            name=spec.name,
+            value=[spec.labels[i].value for i in sorted(chosen)],
+            probability=min(sure),
+            candidate_mass=mass,
+            method=decisions[0].method,
+            alternatives=tuple(Alternative(spec.labels[i].value, yes[i]) for i in by_yes[: self.options.top_k]),
+            wave=wave,
+            label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
+        )
+
+    def _generated_result(self, spec: FieldSpec, generated: Generated, wave: int, warnings: list[str]) -> FieldResult:
+        if generated.truncated:
+            limit = spec.max_tokens or self.options.max_tokens
+            what = "closed where it was cut" if generated.valid else "could not be completed and is null"
+            warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; it was {what}.")
+        elif not generated.valid:
+            warnings.append(f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is null.")
+        return FieldResult(
+            name=spec.name,
+            value=generated.value,
+            probability=None,
+            candidate_mass=None,
+            method="generated",
+            alternatives=(),
+            wave=wave,
+            source="generated",
+            mean_logprob=generated.mean_logprob,
+            tokens=generated.tokens,
+            truncated=generated.truncated,
+        )
 
     def _field_result(self, spec: Any, decision: Any, wave: int, warnings: list[str]) -> FieldResult:
         probs = decision.probabilities

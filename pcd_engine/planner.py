@@ -1,7 +1,7 @@
 """Planning: which fields go in which wave, and which tree nodes go in which forward pass.
 
-A *wave* is a set of fields decided together in one tree-packed pass; its decisions are then written into the
-prompt for the waves after it. By default the first field is an *anchor*, decided alone, and every other field
+A *wave* is a set of closed fields decided together in one tree-packed pass; its decisions are then written
+into the prompt for the waves after it. By default the first field is an *anchor*, decided alone, and every other field
 follows in the next wave; ``depends_on`` adds waves. A *pass* is one forward call: a wave's tree is split into
 several passes only when one would exceed the memory budget.
 """
@@ -19,16 +19,20 @@ __all__ = ["TreeBatch", "plan_passes", "plan_waves"]
 
 
 def plan_waves(schema: Schema, *, anchor: bool) -> list[list[FieldSpec]]:
-    """Group the schema's fields into waves, in schema order within each wave.
+    """Group the schema's closed fields into waves, in schema order within each wave.
+
+    Open fields are in no wave: the engine generates them after the last wave, in parallel rows.
 
     Args:
-        schema: The compiled schema (dependencies are known to be acyclic).
-        anchor: Decide the first field without dependencies alone, before every other field.
+        schema: The compiled schema (dependencies are known to be acyclic and to name closed fields).
+        anchor: Decide the first closed field without dependencies alone, before every other field.
 
     Returns:
-        The waves, first to last; none is empty.
+        The waves, first to last; none is empty, and there are none when no field is closed.
     """
-    fields = schema.fields
+    fields = [f for f in schema.fields if f.scored]
+    if not fields:
+        return []
     first = next((f.name for f in fields if not f.depends_on), None) if anchor and len(fields) > 1 else None
     base = 1 if first is not None else 0
     level: dict[str, int] = {}

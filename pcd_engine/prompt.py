@@ -22,7 +22,7 @@ from typing import Any
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.schema import FieldSpec, Schema
 
-__all__ = ["ChatPrompt", "TokenizerView", "field_line", "render_instructions", "tail_tokens"]
+__all__ = ["ChatPrompt", "TokenizerView", "describe_value", "field_line", "render_instructions", "tail_tokens"]
 
 _SENTINEL = "PCDDOCUMENTSENTINEL"
 _FALLBACK_TEMPLATE = (
@@ -83,7 +83,11 @@ def render_instructions(schema: Schema) -> str:
         lines.append("")
     lines.append(
         "Read the user's text and answer with one JSON object that has exactly these keys. "
-        "Each key takes exactly one of its allowed values."
+        + (
+            "Each key takes exactly one of its allowed values."
+            if all(f.kind in ("boolean", "enum") for f in schema.fields)
+            else "Each key takes a value of the kind described."
+        )
     )
     lines.append("")
     for spec in schema.fields:
@@ -93,11 +97,64 @@ def render_instructions(schema: Schema) -> str:
 
 def _describe(spec: FieldSpec) -> str:
     key = json.dumps(spec.name, ensure_ascii=False)
-    allowed = "true or false" if spec.kind == "boolean" else "one of " + ", ".join(l.surfaces[0] for l in spec.labels)
+    if spec.kind == "boolean":
+        allowed = "true or false"
+    elif spec.kind == "enum":
+        allowed = "one of " + ", ".join(l.surfaces[0] for l in spec.labels)
+    elif spec.kind == "multi":
+        allowed = "an object with a true or false flag for each of " + ", ".join(l.surfaces[0] for l in spec.labels)
+        allowed += f" (true when it applies{_item_bounds(spec.min_items, spec.max_items, noun='true')})"
+    else:
+        allowed = describe_value(spec.value_schema)
     text = f"- {key}: {allowed}"
     if spec.description:
         text += f". {spec.description.strip()}"
     return text
+
+
+def _item_bounds(lo: int, hi: int | None, *, noun: str) -> str:
+    parts = ([f"at least {lo}"] if lo else []) + ([f"at most {hi}"] if hi is not None else [])
+    return f"; {' and '.join(parts)} {noun}" if parts else ""
+
+
+def describe_value(node: Any) -> str:
+    """A short English description of a JSON Schema value, for the instructions (``'a string of at most 80
+    characters'``, ``'a list of {"city": a string}'``)."""
+    if not isinstance(node, dict):
+        return "any JSON value"
+    if "const" in node:
+        return json.dumps(node["const"], ensure_ascii=False)
+    if "enum" in node:
+        return "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in node["enum"])
+    for key in ("anyOf", "oneOf"):
+        if key in node:
+            return " or ".join(describe_value(option) for option in node[key])
+    kind = node.get("type")
+    if isinstance(kind, list):
+        return " or ".join(describe_value({**node, "type": k}) for k in kind)
+    if kind == "string":
+        text = "a string"
+        if node.get("maxLength") is not None:
+            text += f" of at most {node['maxLength']} characters"
+        if node.get("pattern"):
+            text += f" matching the pattern {node['pattern']}"
+        return text
+    if kind in ("integer", "number"):
+        text = "an integer" if kind == "integer" else "a number"
+        bounds = [f"{word} {node[k]}" for k, word in (("minimum", ">="), ("maximum", "<=")) if k in node]
+        return text + (f" ({', '.join(bounds)})" if bounds else "")
+    if kind in ("boolean", "null"):
+        return "true or false" if kind == "boolean" else "null"
+    if kind == "array":
+        text = "a list of " + describe_value(node.get("items", {}))
+        return text + _item_bounds(node.get("minItems", 0), node.get("maxItems"), noun="items").replace(";", ",")
+    if kind == "object" or "properties" in node:
+        props = node.get("properties") or {}
+        if props:
+            inner = ", ".join(f"{json.dumps(k, ensure_ascii=False)}: {describe_value(v)}" for k, v in props.items())
+            return "an object {" + inner + "}"
+        return "an object whose values are " + describe_value(node.get("additionalProperties", {}))
+    return "JSON matching " + json.dumps(node, ensure_ascii=False)
 
 
 def field_line(name: str, surface: str) -> str:

@@ -1,20 +1,32 @@
-"""What to ask: schemas compiled to closed fields and their allowed labels.
+"""What to ask: schemas compiled to fields, each closed (scored from a token trie) or open (generated).
+
+Field kinds:
+
+* ``boolean`` and ``enum``: closed, one label per allowed value;
+* ``multi``: a list or set of allowed values (``list[Literal[...]]``, ``set[Enum]``, a JSON Schema array of an
+  enum), decided as one yes/no question per value, with optional ``min_items`` / ``max_items``;
+* ``open``: anything else a JSON Schema can constrain (``str`` with ``max_length`` / ``pattern``, unbounded or wide
+  ``int``, ``float``, nested models and lists of them). Open fields are generated under their JSON Schema.
 
 Three inputs are accepted and all end up as one :class:`Schema`:
 
-* a Pydantic v2 model whose fields are ``bool``, ``Literal[...]`` of str or int, an ``Enum`` of str or int, a
-  bounded ``int`` (``ge``/``gt`` and ``le``/``lt``, at most :data:`MAX_INT_LABELS` values), or ``Optional`` of one
-  of those (``None`` becomes one more label, written as JSON ``null``);
-* a JSON Schema object with ``boolean``, ``enum``, ``const``, bounded ``integer``, ``null``, ``type`` lists and
-  ``anyOf``/``oneOf`` of those, with ``$ref``;
+* a Pydantic v2 model. Closed: ``bool``, ``Literal[...]`` of str or int, an ``Enum`` of str or int, a bounded
+  ``int`` (``ge``/``gt`` and ``le``/``lt``, at most :data:`MAX_INT_LABELS` values), unions and ``Optional`` of
+  those (``None`` becomes one more label, written as JSON ``null``); multi: ``list`` / ``set`` of a closed type.
+  Any other type is open, described by Pydantic's own JSON Schema of the field;
+* a JSON Schema object: ``boolean``, ``enum``, ``const``, bounded ``integer``, ``null``, ``type`` lists and
+  ``anyOf``/``oneOf`` of those are closed, an ``array`` of those is multi, anything else is open; ``$ref`` works;
 * a preset dict ``{"field": {"type": "enum" | "boolean", "choices": [...], "description": ..., "depends_on": [...]}}``
-  (a ``null`` choice makes the field optional), or a preset file ``{"title": ..., "schema": {...}, "context": ...}``.
+  (a ``null`` choice makes the field optional; ``"multi"`` takes ``min_items`` / ``max_items``, ``"string"`` takes
+  ``max_length``, ``pattern`` and ``max_tokens``), or a preset file ``{"title": ..., "schema": {...}, "context": ...}``.
 
-Anything else raises :class:`~pcd_engine.errors.SchemaError` naming the field, before any model work.
+A field pcd cannot constrain (``Any``, ``dict[str, Any]``, a recursive model) raises
+:class:`~pcd_engine.errors.SchemaError` naming the field, before any model work.
 """
 
 from __future__ import annotations
 
+import collections.abc
 import enum
 import hashlib
 import json
@@ -40,7 +52,13 @@ __all__ = [
 LabelValue = str | int | bool | None
 # A bounded integer field becomes one label per value; wider ranges need a Literal of the values that matter.
 MAX_INT_LABELS = 256
-_PRESET_TYPES = ("enum", "boolean")
+_PRESET_TYPES = ("enum", "boolean", "multi", "string")
+_PRESET_KEYS = {
+    "boolean": {"type", "description", "depends_on"},
+    "enum": {"type", "choices", "description", "depends_on"},
+    "multi": {"type", "choices", "min_items", "max_items", "description", "depends_on"},
+    "string": {"type", "max_length", "pattern", "max_tokens", "description", "depends_on"},
+}
 _PRESET_FILE_KEYS = {"title", "schema", "context", "description"}
 
 
@@ -59,37 +77,98 @@ class Label:
     surfaces: tuple[str, ...]
 
 
+FieldKind = Literal["boolean", "enum", "multi", "open"]
+
+
 @dataclass(frozen=True)
 class FieldSpec:
-    """One closed field to decide.
+    """One field to fill in.
 
     Attributes:
         name: The JSON key.
-        kind: ``"boolean"`` or ``"enum"``.
-        labels: The allowed values, in schema order.
+        kind: ``"boolean"`` or ``"enum"`` (one label), ``"multi"`` (any number of labels, one yes/no question
+            each) or ``"open"`` (generated under :attr:`value_schema`).
+        labels: The allowed values, in schema order (for ``multi``, the values the list may hold; empty for
+            ``open``).
         description: Text shown to the model next to the key, or ``None``.
         depends_on: Names of fields that must be decided (and written into the prompt) first.
+        min_items: For ``multi``: the fewest values the list holds (0 when unset).
+        max_items: For ``multi``: the most values the list holds, or ``None`` for no limit.
+        schema_json: For ``open``: the value's self-contained JSON Schema, as canonical JSON text.
+        max_tokens: For ``open``: the most tokens to generate for the value, or ``None`` for the engine's default.
     """
 
     name: str
-    kind: Literal["boolean", "enum"]
+    kind: FieldKind
     labels: tuple[Label, ...]
     description: str | None = None
     depends_on: tuple[str, ...] = ()
+    min_items: int = 0
+    max_items: int | None = None
+    schema_json: str | None = None
+    max_tokens: int | None = None
 
     @property
     def values(self) -> tuple[LabelValue, ...]:
         """The allowed values, in order."""
         return tuple(label.value for label in self.labels)
 
+    @property
+    def scored(self) -> bool:
+        """True for closed fields (scored from tries), False for open ones (generated)."""
+        return self.kind != "open"
+
+    @property
+    def value_schema(self) -> dict[str, Any]:
+        """The JSON Schema of one value of this field (what a constrained generator must write)."""
+        if self.schema_json is not None:
+            return dict(json.loads(self.schema_json))
+        if self.kind == "boolean":
+            return {"type": "boolean"}
+        if self.kind == "enum":
+            return {"enum": list(self.values)}
+        out: dict[str, Any] = {"type": "array", "items": {"enum": list(self.values)}, "uniqueItems": True}
+        if self.min_items:
+            out["minItems"] = self.min_items
+        if self.max_items is not None:
+            out["maxItems"] = self.max_items
+        return out
+
     def allows(self, value: Any) -> bool:
-        """Whether ``value`` is one of the allowed values, type included (``1`` is not ``True``, ``"1"`` not ``1``)."""
+        """Whether ``value`` is a valid value of this field.
+
+        Closed fields compare types too (``1`` is not ``True``, ``"1"`` not ``1``); a multi-label field takes a
+        list of distinct allowed values within its bounds; an open field's value is validated against its JSON
+        Schema.
+        """
+        if self.kind == "multi":
+            if not isinstance(value, (list, tuple, set, frozenset)):
+                return False
+            items = list(value)
+            if not all(self._is_label(v) for v in items) or len({json.dumps(v) for v in items}) != len(items):
+                return False
+            return self.min_items <= len(items) and (self.max_items is None or len(items) <= self.max_items)
+        if self.kind == "open":
+            import jsonschema
+
+            return bool(jsonschema.Draft202012Validator(self.value_schema).is_valid(value))
+        return self._is_label(value)
+
+    def read(self, value: Any) -> Any:
+        """A value as a model following pcd's instructions writes it, in output form: a multi-label field's
+        flags object (``{"x": true, "y": false}``) becomes the list of its true labels; others are unchanged."""
+        if self.kind == "multi" and isinstance(value, Mapping):
+            by_key = {(v if isinstance(v, str) else json.dumps(v)): v for v in self.values}
+            return [by_key.get(k, k) for k, flag in value.items() if flag is True or flag == "true"]
+        return value
+
+    def _is_label(self, value: Any) -> bool:
         return any(type(value) is type(v) and value == v for v in self.values)
 
 
 @dataclass(frozen=True)
 class Schema:
-    """A compiled schema: ordered closed fields plus what the prompt says about them.
+    """A compiled schema: ordered fields plus what the prompt says about them.
 
     Attributes:
         title: A short name for the schema (the model's class name, the JSON Schema or preset title).
@@ -120,11 +199,12 @@ class Schema:
         """The schema as a JSON Schema object: every field required, no other keys, values restricted to labels.
 
         This is what a JSON-constrained generator (outlines, llguidance, an OpenAI-style ``response_format``) needs
-        to write the same object pcd decides; compiling it back gives the same fields and labels.
+        to write the same object pcd fills in; compiling it back gives the same fields and labels. A multi-label
+        field is an array of its labels, an open field its value schema.
         """
         properties: dict[str, Any] = {}
         for spec in self.fields:
-            node: dict[str, Any] = {"type": "boolean"} if spec.kind == "boolean" else {"enum": list(spec.values)}
+            node = spec.value_schema
             if spec.description:
                 node["description"] = spec.description
             properties[spec.name] = node
@@ -196,6 +276,92 @@ def _enum(name: str, values: Sequence[Any], description: str | None, depends_on:
     return FieldSpec(name, "enum", _labels(list(values), field_name=name), description, tuple(depends_on))
 
 
+# ---------------------------------------------------------------------------------------------------- open values
+
+
+class _NotClosed(Exception):
+    """Internal: the annotation or node is not a closed choice; the field is open (generated)."""
+
+
+_UNCONSTRAINED_HINT = "Give it a concrete type (str, int, a nested model, a list of one) or a Literal of the values."
+
+
+def _open_field(
+    name: str, node: Mapping[str, Any], root: Mapping[str, Any], description: str | None, depends_on: Sequence[str] = ()
+) -> FieldSpec:
+    """An open field from its JSON Schema node: references inlined, constraints checked, prompt text kept apart."""
+    value = _inline(node, root, field_name=name, trail=())
+    max_tokens = value.pop("x-max-tokens", None) if isinstance(value, dict) else None
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise SchemaError(f"Field {name!r}: expected x-max-tokens to be a positive integer, but got {max_tokens!r}.")
+    for key in ("title", "default", "description", "x-depends-on", "examples"):
+        value.pop(key, None)
+    _check_constrained(name, value, where="")
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    return FieldSpec(name, "open", (), description, tuple(depends_on), schema_json=text, max_tokens=max_tokens)
+
+
+def _inline(node: Any, root: Mapping[str, Any], *, field_name: str, trail: tuple[str, ...]) -> Any:
+    """``node`` with every local ``$ref`` replaced by its target; a reference to itself is a recursive model."""
+    if isinstance(node, list):
+        return [_inline(v, root, field_name=field_name, trail=trail) for v in node]
+    if not isinstance(node, Mapping):
+        return node
+    if "$ref" in node:
+        ref = node["$ref"]
+        if ref in trail:
+            model = str(ref).rsplit("/", 1)[-1]
+            raise SchemaError(
+                f"Field {field_name!r}: expected a non-recursive schema, but {model!r} contains itself "
+                f"({' -> '.join([*trail, ref])}). pcd cannot bound a recursive value; flatten the model or cut the "
+                "recursion at a fixed depth."
+            )
+        target = _resolve({"$ref": ref}, root, field_name=field_name)
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _inline(merged, root, field_name=field_name, trail=(*trail, ref))
+    return {k: _inline(v, root, field_name=field_name, trail=trail) for k, v in node.items() if k != "$defs"}
+
+
+_ANNOTATION_KEYS = {"title", "description", "default", "examples", "x-max-tokens", "deprecated", "readOnly"}
+
+
+def _check_constrained(name: str, node: Any, *, where: str) -> None:
+    """Raise when some part of an open value accepts any JSON at all (``Any``, ``dict[str, Any]``, bare lists)."""
+    at = f" at {where}" if where else ""
+    if node is True or (isinstance(node, Mapping) and not (set(node) - _ANNOTATION_KEYS)):
+        raise SchemaError(
+            f"Field {name!r}: expected a constrained type{at}, but got an unconstrained value (Any). "
+            + _UNCONSTRAINED_HINT
+        )
+    if not isinstance(node, Mapping):
+        return
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        for i, option in enumerate(node.get(key) or []):
+            _check_constrained(name, option, where=f"{where}{key}[{i}]")
+    kinds = node.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "object" in kinds:
+        props = node.get("properties") or {}
+        extra = node.get("additionalProperties", True if not props and "patternProperties" not in node else False)
+        if extra is True or (isinstance(extra, Mapping) and not (set(extra) - _ANNOTATION_KEYS)):
+            raise SchemaError(
+                f"Field {name!r}: expected an object with known keys or typed values{at}, but got an object that "
+                "takes any keys with any values (dict[str, Any]). Use a nested model or dict[str, <type>]."
+            )
+        if isinstance(extra, Mapping):
+            _check_constrained(name, extra, where=f"{where}{{*}}")
+        for key, sub in props.items():
+            _check_constrained(name, sub, where=f"{where}.{key}")
+    if "array" in kinds:
+        items = node.get("items")
+        if items is None and "prefixItems" not in node:
+            raise SchemaError(
+                f"Field {name!r}: expected a list of a known type{at}, but got a list of anything. Use list[<type>]."
+            )
+        if items is not None and items is not False:
+            _check_constrained(name, items, where=f"{where}[]")
+
+
 # ---------------------------------------------------------------------------------------------------- pydantic
 
 
@@ -206,21 +372,14 @@ def _type_name(annotation: Any) -> str:
 
 
 def _int_range(name: str, lo: Any, hi: Any) -> list[int]:
-    """The integers of a bounded range, checked against :data:`MAX_INT_LABELS`."""
+    """The integers of a bounded range of at most :data:`MAX_INT_LABELS` values; wider or open ones are open."""
     if lo is None or hi is None:
-        side = "lower" if lo is None else "upper"
-        raise SchemaError(
-            f"Field {name!r}: expected an int with both bounds (ge/gt and le/lt), but it has no {side} bound. "
-            f"Bound it (at most {MAX_INT_LABELS} values) or use a Literal of the allowed numbers."
-        )
+        raise _NotClosed
     values = list(range(int(lo), int(hi) + 1))
     if not values:
         raise SchemaError(f"Field {name!r}: expected a non-empty integer range, but got {lo}..{hi}.")
     if len(values) > MAX_INT_LABELS:
-        raise SchemaError(
-            f"Field {name!r}: expected a bounded int of at most {MAX_INT_LABELS} values, but got {len(values)} "
-            f"({lo}..{hi}). Narrow the range or use a Literal of the allowed numbers."
-        )
+        raise _NotClosed
     return values
 
 
@@ -240,21 +399,68 @@ def _bounds(metadata: Sequence[Any]) -> tuple[Any, Any]:
     return lo, hi
 
 
+def _lengths(metadata: Sequence[Any]) -> tuple[int, int | None]:
+    """``min_length`` / ``max_length`` constraints (Pydantic's names for a list's item bounds)."""
+    lo, hi = 0, None
+    for item in metadata:
+        for inner in [item, *getattr(item, "metadata", ())]:
+            if getattr(inner, "min_length", None) is not None:
+                lo = int(inner.min_length)
+            if getattr(inner, "max_length", None) is not None:
+                hi = int(inner.max_length)
+    return lo, hi
+
+
+def _multi(
+    name: str,
+    values: Sequence[Any],
+    description: str | None,
+    depends_on: Sequence[str],
+    *,
+    min_items: Any = 0,
+    max_items: Any = None,
+) -> FieldSpec:
+    labels = _labels(list(values), field_name=name)
+    lo = int(min_items or 0)
+    hi = None if max_items is None else int(max_items)
+    if lo < 0 or (hi is not None and (hi < lo or hi < 1)) or lo > len(labels):
+        raise SchemaError(
+            f"Field {name!r}: expected 0 <= min_items <= max_items and min_items <= {len(labels)} (the number of "
+            f"values), but got min_items={lo}, max_items={hi}."
+        )
+    return FieldSpec(name, "multi", labels, description, tuple(depends_on), min_items=lo, max_items=hi)
+
+
+def _closed_values(name: str, annotation: Any, metadata: Sequence[Any]) -> list[Any]:
+    """The allowed values of a closed single-choice annotation; raises :class:`_NotClosed` for any other."""
+    spec = _from_annotation(name, annotation, None, metadata)
+    if spec.kind == "multi":
+        raise _NotClosed
+    return list(spec.values)
+
+
 def _from_annotation(name: str, annotation: Any, description: str | None, metadata: Sequence[Any] = ()) -> FieldSpec:
     origin = typing.get_origin(annotation)
     if origin is typing.Annotated:
         inner, *extra = typing.get_args(annotation)
         return _from_annotation(name, inner, description, [*metadata, *extra])
     if origin in (Union, types.UnionType):
-        options = [a for a in typing.get_args(annotation) if a is not type(None)]
-        if len(options) == 1 and len(options) < len(typing.get_args(annotation)):
-            inner_spec = _from_annotation(name, options[0], description, metadata)
-            labels = _labels([*inner_spec.values, None], field_name=name)
-            return FieldSpec(name, "enum", labels, description)
-        raise SchemaError(
-            f"Field {name!r}: expected a bool, Literal, Enum, bounded int, or Optional of one of them, but got "
-            f"{_type_name(annotation)}. Merge the choices into one Literal[...]."
-        )
+        # A union of closed choices is one closed field (None becomes the null label); any open member makes the
+        # whole field open.
+        collected: list[Any] = []
+        for option in typing.get_args(annotation):
+            collected.extend([None] if option is type(None) else _closed_values(name, option, ()))
+        spec = _enum(name, collected, description)
+        if all(isinstance(v, bool) for v in spec.values):
+            return FieldSpec(name, "boolean", spec.labels, description)
+        return spec
+    if origin in (list, set, frozenset, Sequence, collections.abc.Set) or annotation in (list, set):
+        args = typing.get_args(annotation)
+        if len(args) != 1:
+            raise _NotClosed
+        choices = _closed_values(name, args[0], ())
+        lo, hi = _lengths(metadata)
+        return _multi(name, choices, description, (), min_items=lo, max_items=hi)
     if annotation is bool:
         return _boolean(name, description)
     if annotation is int:
@@ -269,22 +475,34 @@ def _from_annotation(name: str, annotation: Any, description: str | None, metada
     if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
         members = list(annotation)
         return _enum(name, [m.value for m in members], description)
-    received = _type_name(annotation)
-    raise SchemaError(
-        f"Field {name!r}: expected a bool, Literal, Enum or bounded int type, but got {received}. "
-        "Use a Literal[...] of the allowed values."
-    )
+    raise _NotClosed
 
 
 def _from_pydantic(model: type) -> Schema:
     specs = []
+    root: dict[str, Any] | None = None
     for name, info in model.model_fields.items():  # type: ignore[attr-defined]
         key = info.alias or name
-        specs.append(_from_annotation(key, info.annotation, info.description, info.metadata))
+        try:
+            specs.append(_from_annotation(key, info.annotation, info.description, info.metadata))
+        except _NotClosed:
+            if root is None:
+                root = _model_json_schema(model, key)
+            specs.append(_open_field(key, root["properties"][key], root, info.description))
     doc = model.__doc__
     if doc is not None:
         doc = _clean_doc(doc)
     return _finish(model.__name__, doc, specs, model=model)
+
+
+def _model_json_schema(model: Any, field_name: str) -> dict[str, Any]:
+    try:
+        return dict(model.model_json_schema(by_alias=True))
+    except Exception as exc:  # noqa: BLE001 - Pydantic raises several types for types it cannot describe
+        raise SchemaError(
+            f"Field {field_name!r}: expected a type with a JSON Schema, but Pydantic could not describe it: "
+            f"{str(exc).splitlines()[0]}. " + _UNCONSTRAINED_HINT
+        ) from None
 
 
 def _clean_doc(doc: str) -> str | None:
@@ -326,9 +544,19 @@ def _resolve(node: Mapping[str, Any], root: Mapping[str, Any], *, field_name: st
 def _from_json_property(name: str, node: Mapping[str, Any], root: Mapping[str, Any]) -> FieldSpec:
     if not isinstance(node, Mapping):
         raise SchemaError(f"Field {name!r}: expected a JSON Schema object, but got {type(node).__name__}.")
-    node = _resolve(node, root, field_name=name)
-    description = node.get("description")
-    depends_on = node.get("x-depends-on", ())
+    resolved = _resolve(node, root, field_name=name)
+    description = resolved.get("description")
+    depends_on = resolved.get("x-depends-on", ())
+    try:
+        return _closed_json(name, resolved, root, description, depends_on)
+    except _NotClosed:
+        return _open_field(name, node, root, description, depends_on)
+
+
+def _closed_json(
+    name: str, node: Mapping[str, Any], root: Mapping[str, Any], description: str | None, depends_on: Sequence[str]
+) -> FieldSpec:
+    """A closed field from a resolved JSON Schema node; raises :class:`_NotClosed` when the node is open."""
     if "const" in node:
         return _enum(name, [node["const"]], description, depends_on)
     if "enum" in node:
@@ -347,11 +575,11 @@ def _from_json_property(name: str, node: Mapping[str, Any], root: Mapping[str, A
             for option in options:
                 if not isinstance(option, Mapping):
                     raise SchemaError(f"Field {name!r}: expected every {key} option to be an object.")
-                collected.extend(_json_values(name, {**option, "description": None}, root, key))
+                collected.extend(_json_values(name, option, root))
             return _enum(name, collected, description, depends_on)
     kinds = node.get("type")
     if isinstance(kinds, list):
-        collected = [v for kind in kinds for v in _json_values(name, {**node, "type": kind}, root, "type")]
+        collected = [v for kind in kinds for v in _json_values(name, {**node, "type": kind}, root)]
         return _enum(name, collected, description, depends_on)
     if kinds == "boolean":
         return _boolean(name, description, depends_on)
@@ -359,11 +587,13 @@ def _from_json_property(name: str, node: Mapping[str, Any], root: Mapping[str, A
         return _enum(name, _json_int_range(name, node), description, depends_on)
     if kinds == "null":
         return _enum(name, [None], description, depends_on)
-    received = node.get("type", "a schema without enum, const or type")
-    raise SchemaError(
-        f"Field {name!r}: expected a boolean, enum, const, bounded integer, null, or anyOf/oneOf of those, but got "
-        f"{received!r}. Give the field an 'enum' of its allowed values."
-    )
+    if kinds == "array" and isinstance(node.get("items"), Mapping) and "prefixItems" not in node:
+        items = _resolve(node["items"], root, field_name=name)
+        values = _json_values(name, items, root)
+        return _multi(
+            name, values, description, depends_on, min_items=node.get("minItems"), max_items=node.get("maxItems")
+        )
+    raise _NotClosed
 
 
 def _json_int_range(name: str, node: Mapping[str, Any]) -> list[int]:
@@ -375,15 +605,13 @@ def _json_int_range(name: str, node: Mapping[str, Any]) -> list[int]:
     return _int_range(name, lo, hi)
 
 
-def _json_values(name: str, option: Mapping[str, Any], root: Mapping[str, Any], where: str) -> list[Any]:
-    """The allowed values of one anyOf / oneOf option or one entry of a ``type`` list."""
-    try:
-        return list(_from_json_property(name, option, root).values)
-    except SchemaError as exc:
-        raise SchemaError(
-            f"Field {name!r}: expected every {where} option to be a const, enum, boolean, bounded integer or null, "
-            f"but got {json.dumps(option, default=str)[:80]} ({exc})."
-        ) from None
+def _json_values(name: str, option: Mapping[str, Any], root: Mapping[str, Any]) -> list[Any]:
+    """The allowed values of one anyOf / oneOf option, a ``type`` list entry or an array's items; raises
+    :class:`_NotClosed` when the option is open."""
+    spec = _closed_json(name, _resolve(option, root, field_name=name), root, None, ())
+    if spec.kind == "multi":
+        raise _NotClosed
+    return list(spec.values)
 
 
 def _from_json_schema(schema: Mapping[str, Any]) -> Schema:
@@ -415,31 +643,43 @@ def _from_preset(preset: Mapping[str, Any], *, title: str, description: str | No
                 f"{type(spec).__name__}."
             )
         kind = spec.get("type")
-        unknown = set(spec) - {"type", "choices", "description", "depends_on"}
+        allowed_keys = _PRESET_KEYS.get(str(kind), _PRESET_KEYS["enum"])
+        unknown = set(spec) - allowed_keys
         if unknown:
             raise SchemaError(
-                f"Field {name!r}: expected only the keys type, choices, description and depends_on, but got "
-                f"{sorted(unknown)}."
+                f"Field {name!r}: expected only the keys {', '.join(sorted(allowed_keys))} for type {kind!r}, but "
+                f"got {sorted(unknown)}."
             )
         depends_on = spec.get("depends_on") or ()
         if isinstance(depends_on, str) or not isinstance(depends_on, Sequence):
             raise SchemaError(
                 f"Field {name!r}: expected depends_on to be a list of field names, but got {depends_on!r}."
             )
+        description = spec.get("description")
         if kind == "boolean":
-            specs.append(_boolean(name, spec.get("description"), depends_on))
-        elif kind == "enum":
+            specs.append(_boolean(name, description, depends_on))
+        elif kind in ("enum", "multi"):
             choices = spec.get("choices")
             if not isinstance(choices, list):
                 raise SchemaError(
                     f"Field {name!r}: expected 'choices' to be a list of allowed values, but got "
                     f"{type(choices).__name__}."
                 )
-            specs.append(_enum(name, choices, spec.get("description"), depends_on))
+            if kind == "enum":
+                specs.append(_enum(name, choices, description, depends_on))
+            else:
+                bounds = {"min_items": spec.get("min_items"), "max_items": spec.get("max_items")}
+                specs.append(_multi(name, choices, description, depends_on, **bounds))
+        elif kind == "string":
+            node: dict[str, Any] = {"type": "string"}
+            for key, json_key in (("max_length", "maxLength"), ("pattern", "pattern"), ("max_tokens", "x-max-tokens")):
+                if spec.get(key) is not None:
+                    node[json_key] = spec[key]
+            specs.append(_open_field(name, node, {}, description, depends_on))
         else:
             raise SchemaError(
-                f"Field {name!r}: expected type 'enum' or 'boolean', but got {kind!r}. Other field types are not "
-                "supported yet."
+                f"Field {name!r}: expected type 'enum', 'boolean', 'multi' or 'string', but got {kind!r}. Use a "
+                "JSON Schema for other open types."
             )
     return _finish(title, description, specs)
 
@@ -501,12 +741,30 @@ def _finish(title: str, description: str | None, specs: list[FieldSpec], *, mode
                     f"Field {spec.name!r}: expected depends_on to name fields of this schema, but got {dep!r}. "
                     f"Known fields: {names}."
                 )
+            if not next(o for o in specs if o.name == dep).scored:
+                raise SchemaError(
+                    f"Field {spec.name!r}: expected depends_on to name closed fields, but {dep!r} is generated. "
+                    "Open fields are generated last, in parallel, and already see every closed answer."
+                )
     _check_acyclic(specs)
     payload = json.dumps(
         [
             title,
             description,
-            [[s.name, s.kind, [l.surfaces for l in s.labels], s.description, s.depends_on] for s in specs],
+            [
+                [
+                    s.name,
+                    s.kind,
+                    [l.surfaces for l in s.labels],
+                    s.description,
+                    s.depends_on,
+                    s.min_items,
+                    s.max_items,
+                    s.schema_json,
+                    s.max_tokens,
+                ]
+                for s in specs
+            ],
         ],
         ensure_ascii=False,
     )
@@ -560,7 +818,7 @@ def compile_schema(schema: Any) -> Schema:
         if "properties" in schema or "$ref" in schema or schema.get("type") == "object":
             return _from_json_schema(schema)
         raise SchemaError(
-            "Schema: expected a JSON Schema with 'properties', a preset dict of {'type': 'enum'|'boolean', ...} "
+            "Schema: expected a JSON Schema with 'properties', a preset dict of {'type': 'enum'|'boolean'|...} "
             f"fields, or a preset file with 'schema', but got a dict with keys {sorted(schema)[:8]}."
         )
     if isinstance(schema, type):

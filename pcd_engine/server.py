@@ -6,9 +6,10 @@
 * ``GET /api/presets``, ``POST /api/extract`` (``{schema, context, options}`` -> values, fields, stats),
   ``POST /api/baseline`` (the autoregressive answer streamed as Server-Sent Events).
 * ``GET /v1/models`` and ``POST /v1/chat/completions`` (OpenAI-compatible). A ``response_format`` of type
-  ``json_schema`` whose properties are bool / enum / const is answered by the engine: the content is the JSON
-  object, and per-field probabilities are in the extra top-level field ``pcd``. Any other schema is a 400 with an
-  OpenAI-style error body; without a ``response_format`` (or with type ``text``) the reply is free text.
+  ``json_schema`` is answered by the engine (closed properties scored, open ones generated under their schema):
+  the content is the JSON object, and per-field evidence is in the extra top-level field ``pcd``. A schema pcd
+  cannot constrain (``Any``, free-form objects, recursion) is a 400 with an OpenAI-style error body; without a
+  ``response_format`` (or with type ``text``) the reply is free text.
 
 The engine is not thread-safe, so one lock serializes its use: concurrent requests queue and get exactly the
 answers they would get one by one. A streamed answer takes the lock per token, so other requests interleave.
@@ -68,7 +69,7 @@ def _key_status(compiled: Any, text: str, result: BaselineResult | None) -> dict
         if spec.name not in written:
             status[spec.name] = "missing"
         else:
-            status[spec.name] = "ok" if spec.allows(written[spec.name]) else "invalid"
+            status[spec.name] = "ok" if spec.allows(spec.read(written[spec.name])) else "invalid"
     known = {f.name for f in compiled.fields}
     return {"values": written, "status": status, "invented": [k for k in written if k not in known]}
 
@@ -288,7 +289,7 @@ def create_app(
             raise _HTTPError(
                 400,
                 "unsupported_response_format",
-                f"response_format: expected type 'json_schema' (bool / enum / const properties) or 'text', but got "
+                f"response_format: expected type 'json_schema' or 'text', but got "
                 f"{kind!r}; pcd decides against a schema, so 'json_object' without one cannot be answered.",
                 param="response_format",
             )

@@ -201,3 +201,61 @@ class BackendConformance:
         anchored = Engine(backend, anchor=True)
         anchored.extract(TEXT, SHARED_PREFIXES)
         assert anchored.extract(TEXT, SHARED_PREFIXES).stats.forward_passes == 2
+
+    # ------------------------------------------------------------------------------------------ open rows
+
+    def scripted_rows(self, backend: Any, scripts: list[list[int]]) -> dict[str, Any]:
+        """Grow three rows (two sharing their first prefix token) with a scripted chooser that records the
+        log-probability of each scripted token."""
+        tv = TokenizerView(backend.tokenizer)
+        schema = compile_schema(SHARED_PREFIXES)
+        prompt = ChatPrompt.build(tv, schema)
+        ids = prompt.request_ids(tv, TEXT)
+        prefix = backend.prefill(prompt.head_ids)
+        before = self.snapshot(prefix)
+        heads = ['\n  "setup":', '\n  "punchline_text":', '\n  "n":']
+        prefixes = [tv.encode(h) for h in heads]
+        assert prefixes[0][0] == prefixes[1][0] and len({len(p) for p in prefixes}) > 1
+        seen: list[list[float]] = [[] for _ in scripts]
+
+        def choose(row: int, logprobs: np.ndarray) -> tuple[int, bool]:
+            assert logprobs.shape == (len(backend.tokenizer),) or logprobs.shape[0] >= len(backend.tokenizer)
+            step = len(seen[row])
+            seen[row].append(float(logprobs[scripts[row][step]]))
+            return scripts[row][step], step + 1 == len(scripts[row])
+
+        causal = ids[len(prompt.head_ids) :]
+        passes = backend.generate_rows(backend.start(prefix), causal=causal, prefixes=prefixes, choose=choose)
+        for a, b in zip(before, self.snapshot(prefix), strict=True):
+            np.testing.assert_array_equal(a, b)
+        return {"context": ids, "prefixes": prefixes, "seen": seen, "passes": passes}
+
+    SCRIPTS = [[476, 28120, 905, 1002], [476, 1002], [216, 33, 34, 35, 36, 37, 28]]
+
+    def check_rows(self, backend: Any, run: dict[str, Any]) -> None:
+        paths = [p + s for p, s in zip(run["prefixes"], self.SCRIPTS, strict=True)]
+        for path, script, seen in zip(paths, self.SCRIPTS, run["seen"], strict=True):
+            expected = self.brute_force(backend, list(run["context"]), [path])[0][-len(script) :]
+            np.testing.assert_allclose(seen, expected, atol=1e-4, rtol=0)
+
+    def test_packed_rows_equal_brute_force(self, backend):
+        """Rows grown as one tree: each row's distributions equal its own plain causal continuation, and the
+        rows take as many passes as the longest one, not the sum."""
+        run = self.scripted_rows(backend, self.SCRIPTS)
+        self.check_rows(backend, run)
+        assert run["passes"] == max(len(s) for s in self.SCRIPTS)
+
+    def test_rows_fallback_rows_equal_brute_force(self, rows_backend):
+        """The broadcast fallback extends the state by the causal tokens (one pass), then feeds one token per row
+        per pass, prefixes first."""
+        run = self.scripted_rows(rows_backend, self.SCRIPTS)
+        self.check_rows(rows_backend, run)
+        steps = max(len(p) + len(s) - 1 for p, s in zip(run["prefixes"], self.SCRIPTS, strict=True))
+        assert run["passes"] == 1 + steps
+
+    def test_wrong_row_positions_are_detected(self, backend, monkeypatch):
+        """The rows check can fail: shifted positions move the generated distributions past the tolerance."""
+        good = self.scripted_rows(backend, self.SCRIPTS)["seen"]
+        shift_tree_positions(monkeypatch)
+        bad = self.scripted_rows(backend, self.SCRIPTS)["seen"]
+        assert max(abs(a - b) for g, w in zip(good, bad, strict=True) for a, b in zip(g, w, strict=True)) > 1e-3

@@ -124,5 +124,12 @@ def test_hybrid_recurrent_model_falls_back_to_rows(smol_tokenizer):
     check_paths(lambda c, p: mlx_brute_force(model, c, p), run["wave"], run["context"], run["logprobs"])
     out = Engine(backend).extract(TEXT, SHARED_PREFIXES)
     assert set(out.values) == set(SHARED_PREFIXES)
+    # Open rows on a recurrent cache: broadcast rows, no padding, each equal to its own causal continuation.
+    suite = TestMLXConformance()
+    suite._plain = model
+    run = suite.scripted_rows(backend, suite.SCRIPTS)
+    suite.check_rows(backend, run)
+    mixed = Engine(backend, max_tokens=6).extract(TEXT, {**SHARED_PREFIXES, "note": {"type": "string"}})
+    assert isinstance(mixed.values["note"], str) and mixed.fields["note"].source == "generated"
     with pytest.raises(Exception, match="Scorer 'packed'"):
         MLXBackend(model, smol_tokenizer, scorer="packed")

@@ -6,6 +6,7 @@ as one text, and asks the oracle for each token's probability given everything b
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -211,3 +212,144 @@ def test_dependent_wave_sees_anchor_and_its_dependencies_only(oracle, smol_token
     assert out.fields["after"].wave == 2
     assert out.values["after"] == schema.field("after").labels[winner].value
     assert out.fields["after"].probability == pytest.approx(probs[winner], abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------- multi-label
+
+
+MULTI = {
+    "urgent": {"type": "boolean"},
+    "tags": {"type": "multi", "choices": ["billing", "shipping", "broken", 7], "min_items": 1, "max_items": 2},
+    "extras": {"type": "multi", "choices": ["gift", "express"]},
+}
+
+
+def test_multi_label_equals_brute_force(oracle, smol_tokenizer):
+    """Each label's probability of applying is the brute-force marginal of its own yes/no line, and the chosen
+    list is the labels above one half, topped up to min_items and cut to max_items by that probability."""
+    from pcd_engine.compiler import questions
+
+    lm, backend = oracle
+    engine = Engine(backend, anchor=False)
+    engine.extract(TEXT, MULTI)  # the head's prefill is its own pass
+    out = engine.extract(TEXT, MULTI, temperature=1.0)
+    schema = compile_schema(MULTI)
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+    context = prompt.prefix_text + TEXT + prompt.suffix_text
+    for name in ("tags", "extras"):
+        spec = schema.field(name)
+        yes = []
+        for question in questions(spec):
+            _, probs, _ = brute_force(lm, enumerate_paths(smol_tokenizer, context, question), "marginal")
+            yes.append(probs[0])
+        got = out.fields[name]
+        assert list(got.label_probabilities.values()) == pytest.approx(yes, abs=1e-9)
+        order = sorted(range(len(yes)), key=lambda i: -yes[i])
+        chosen = [i for i in order if yes[i] >= 0.5]
+        chosen = chosen or order[: spec.min_items]
+        chosen = (chosen + [i for i in order if i not in chosen])[: max(len(chosen), spec.min_items)]
+        if spec.max_items is not None:
+            chosen = chosen[: spec.max_items]
+        assert got.value == [spec.labels[i].value for i in sorted(chosen)]
+        assert spec.allows(got.value)
+        sure = [yes[i] if i in chosen else 1 - yes[i] for i in range(len(yes))]
+        assert got.probability == pytest.approx(min(sure), abs=1e-9)
+    assert out.stats.forward_passes == 1  # every yes/no question rides in the one pass
+
+
+def test_multi_label_answer_is_written_as_flags(oracle, smol_tokenizer):
+    """As the anchor, a multi-label field is written into the prompt the way the instructions describe it."""
+    lm, backend = oracle
+    preset = {"tags": MULTI["tags"], "urgent": {"type": "boolean"}}
+    out = Engine(backend, anchor=True).extract(TEXT, preset, strategy="exact")
+    schema = compile_schema(preset)
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+    flags = {str(v): v in out.values["tags"] for v in schema.field("tags").values}
+    context = prompt.prefix_text + TEXT + prompt.suffix_text + field_line("tags", json.dumps(flags))
+    winner, probs, _ = brute_force(lm, enumerate_paths(smol_tokenizer, context, schema.field("urgent")), "exact")
+    assert out.values["urgent"] == schema.field("urgent").labels[winner].value
+    assert out.fields["urgent"].probability == pytest.approx(probs[winner], abs=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------------- open fields
+
+
+OPEN = {
+    "type": "object",
+    "properties": {
+        "urgent": {"type": "boolean"},
+        "deadline": {"enum": ["1_HOUR", "12_HOURS", "NONE"]},
+        "summary": {"type": "string", "maxLength": 24},
+        "count": {"type": "integer"},
+        "who": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 6}, "vip": {"type": "boolean"}},
+            "required": ["name", "vip"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def greedy_constrained(lm, tokenizer, context_text, schema, limit):
+    """The obvious generator: tokenize the whole prompt up to the key's colon, then at each step score the whole
+    sequence, keep the tokens a fresh llguidance matcher for ``" " <value> ","`` allows (its token mask, which
+    prefers the canonical token where the grammar forces text), and take the best."""
+    import llguidance
+    import llguidance.hf
+
+    tok = llguidance.hf.from_tokenizer(tokenizer)
+    style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    grammar = f'start: " " value ","\nvalue: %json {json.dumps({**schema, "x-guidance": style})}\n'
+    matcher = llguidance.LLMatcher(tok, grammar)
+    ids = TokenizerView(tokenizer).encode(context_text)
+    out = []
+    while len(out) < limit and not matcher.is_stopped():
+        dist = lm.distribution(ids + out)
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        allowed = [t for t in range(min(len(dist), len(bits))) if bits[t]]
+        best = max(allowed, key=lambda t: dist[t])
+        assert matcher.consume_token(best)
+        out.append(best)
+    return out, matcher.is_stopped()
+
+
+def test_open_fields_equal_greedy_constrained_brute_force(oracle, smol_tokenizer):
+    """Each open row writes exactly what plain greedy generation under its JSON Schema writes after the prompt,
+    the closed answers and its key; rows never see each other."""
+    lm, backend = oracle
+    engine = Engine(backend, anchor=False, max_tokens=10)
+    engine.extract(TEXT, OPEN)  # the head's prefill is its own pass
+    out = engine.extract(TEXT, OPEN)
+    schema = compile_schema(OPEN)
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+    closed = "".join(
+        field_line(f.name, next(l for l in f.labels if l.value == out.values[f.name]).surfaces[0])
+        for f in schema.fields
+        if f.scored
+    )
+    context = prompt.prefix_text + TEXT + prompt.suffix_text + closed
+    lengths = []
+    for spec in schema.fields:
+        if spec.scored:
+            assert out.fields[spec.name].source == "scored"
+            continue
+        got = out.fields[spec.name]
+        tokens, finished = greedy_constrained(
+            lm, smol_tokenizer, context + f'\n  "{spec.name}":', spec.value_schema, 10
+        )
+        assert got.source == "generated" and got.method == "generated" and got.probability is None
+        assert got.tokens == len(tokens) and got.truncated == (not finished)
+        text = TokenizerView(smol_tokenizer).decode(tokens).strip()
+        if finished:
+            assert got.value == json.loads(text.removesuffix(","))
+        assert got.value is None or spec.allows(got.value)
+        dist_lp = []
+        ids = TokenizerView(smol_tokenizer).encode(context + f'\n  "{spec.name}":')
+        for i, t in enumerate(tokens):
+            dist_lp.append(lm.logprob(ids + tokens[:i], t))
+        assert got.mean_logprob == pytest.approx(float(np.mean(dist_lp)), abs=1e-5)
+        lengths.append(len(tokens))
+    assert out.stats.generation_passes == max(lengths)
+    assert out.stats.generated_tokens == sum(lengths)
+    assert out.stats.forward_passes == 1 + max(lengths)  # one scored wave, then one pass per row step

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import enum
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -63,7 +63,8 @@ def test_result_shape(engine):
     stats = out.stats
     assert stats.prompt_tokens > stats.cached_tokens > 0
     assert stats.nodes_scored > 0 and stats.waves == 2
-    assert set(stats.phases_ms) == {"tokenize", "prefill", "compile", "forward", "decode", "total"}
+    assert set(stats.phases_ms) == {"tokenize", "prefill", "compile", "forward", "decode", "generate", "total"}
+    assert stats.generation_passes == stats.generated_tokens == 0 and stats.phases_ms["generate"] == 0
 
 
 def test_low_confidence_thresholds(engine):
@@ -103,11 +104,15 @@ def test_context_longer_than_window(engine):
 
 def test_bad_schema_before_model_work(engine):
     class Bad(BaseModel):
-        name: str
+        name: dict[str, Any]
 
     before = engine.backend.forward_passes
-    with pytest.raises(SchemaError, match="Field 'name': expected a bool, Literal, Enum or bounded int .*got str"):
+    with pytest.raises(SchemaError, match=r"Field 'name': expected an object with known keys .*dict\[str, Any\]"):
         engine.extract(TEXT, Bad)
+    # A value schema the constrained generator cannot honour is refused before any model work too.
+    weird = {"properties": {"ok": {"type": "boolean"}, "when": {"type": "string", "format": "no-such-format"}}}
+    with pytest.raises(SchemaError, match=r"Field 'when': expected a JSON Schema the constrained generator can hon"):
+        engine.extract(TEXT, weird)
     assert engine.backend.forward_passes == before
 
 
@@ -223,3 +228,43 @@ def test_template_without_system_role(smol_tokenizer, engine):
     prompt = ChatPrompt.build(TokenizerView(tokenizer), compile_schema(Ticket))
     assert prompt.system_folded and "wants_refund" in prompt.prefix_text
     assert len(prompt.head_ids) > 20  # the instructions are still cached
+
+
+class Mixed(BaseModel):
+    """Closed fields scored in one pass, three open fields generated in parallel rows."""
+
+    mood: Mood
+    urgent: bool
+    summary: str = Field(json_schema_extra={"x-max-tokens": 7})
+    code: str = Field(json_schema_extra={"x-max-tokens": 2})
+    count: int = Field(json_schema_extra={"x-max-tokens": 4})
+
+
+def test_open_rows_take_the_longest_rows_steps_not_the_sum(engine):
+    """Counted by the backend: three open rows take max(len) forward passes, not the sum."""
+    engine.extract(TEXT, Mixed)  # warm the head cache
+    before = engine.backend.forward_passes
+    out = engine.extract(TEXT, Mixed)
+    lengths = [out.fields[name].tokens for name in ("summary", "code", "count")]
+    assert out.stats.generation_passes == max(lengths) < sum(lengths)
+    assert out.stats.generated_tokens == sum(lengths)
+    assert engine.backend.forward_passes - before == out.stats.forward_passes == 2 + max(lengths)
+    assert [out.fields[n].source for n in ("mood", "urgent", "summary")] == ["scored", "scored", "generated"]
+    assert out.fields["summary"].wave == out.stats.waves == 2
+    model = out.model  # every value is valid: cut strings are closed where they were cut
+    assert isinstance(model, Mixed)
+    code = out.fields["code"]
+    assert code.tokens <= 2
+    if code.truncated:
+        assert any("'code': the value reached its limit of 2 tokens" in w for w in out.warnings)
+        assert code in out.low_confidence()
+    data = out.to_json()["fields"]["summary"]
+    assert data["source"] == "generated" and data["probability"] is None and "mean_logprob" in data
+
+
+def test_open_field_token_limit_option(engine):
+    with pytest.raises(OptionError, match="max_tokens: expected an integer >= 1, but got 0"):
+        Engine(engine.backend, max_tokens=0)
+    out = Engine(engine.backend, max_tokens=3).extract(TEXT, {"properties": {"note": {"type": "string"}}})
+    assert out.fields["note"].tokens <= 3 and isinstance(out.values["note"], str)
+    assert out.stats.waves == 0  # no closed field: the document rides in the first row step

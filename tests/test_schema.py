@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import pytest
 from pydantic import BaseModel, Field, conint
@@ -107,24 +107,128 @@ class Address(BaseModel):
     city: Literal["a", "b"]
 
 
+class Node(BaseModel):
+    name: str
+    children: list[Node]
+
+
+class Pair(BaseModel):
+    left: Other
+
+
+class Other(BaseModel):
+    back: list[Pair]
+
+
 @pytest.mark.parametrize(
     ("annotation", "message"),
     [
-        (str, "expected a bool, Literal, Enum or bounded int type, but got str"),
-        (Address, "expected a bool, Literal, Enum or bounded int type, but got Address"),
-        (int, "expected an int with both bounds (ge/gt and le/lt), but it has no lower bound"),
-        (Annotated[int, Field(ge=0)], "it has no upper bound"),
-        (Annotated[int, Field(ge=0, le=1000)], "at most 256 values, but got 1001 (0..1000)"),
+        (Any, "expected a constrained type, but got an unconstrained value (Any)"),
+        (dict[str, Any], "takes any keys with any values (dict[str, Any])"),
+        (dict, "takes any keys with any values (dict[str, Any])"),
+        (list, "expected a constrained type at [], but got an unconstrained value (Any)"),
+        (list[Any], "expected a constrained type at [], but got an unconstrained value (Any)"),
+        (Node, "expected a non-recursive schema, but 'Node' contains itself"),
+        (Pair, "expected a non-recursive schema, but 'Pair' contains itself"),
+        (Optional[Node], "expected a non-recursive schema"),  # noqa: UP045
         (Annotated[int, Field(ge=5, le=1)], "expected a non-empty integer range, but got 5..1"),
-        (Optional[str], "expected a bool, Literal, Enum or bounded int type, but got str"),  # noqa: UP045
-        (Literal["a"] | Literal["b"] | None, "expected a bool, Literal, Enum, bounded int, or Optional of one"),
-        (bool | Literal["a"], "Merge the choices into one Literal"),
+        (Annotated[list[Literal["a", "b"]], Field(min_length=3)], "min_items <= 2 (the number of values)"),
     ],
 )
 def test_unsupported_pydantic_fields(annotation, message):
     model = type("M", (BaseModel,), {"__annotations__": {"good": bool, "bad": annotation}})
     with pytest.raises(SchemaError, match=re.escape("Field 'bad': ") + ".*" + re.escape(message)):
         compile_schema(model)
+
+
+class Mixed(BaseModel):
+    """Closed, multi-label and open fields side by side."""
+
+    pick: Literal["a"] | Literal["b"] | None
+    either: bool | Literal["maybe"]
+    tags: list[Literal["x", "y", "z"]] = Field(min_length=1, max_length=2)
+    colours: set[Color]
+    summary: str = Field(max_length=40, description="One line")
+    code: Annotated[str, Field(pattern=r"^[A-Z]{3}$")]
+    count: int
+    wide: Annotated[int, Field(ge=0, le=1000)]
+    price: float | None
+    address: Address
+    addresses: list[Address]
+    scores: dict[str, int]
+    note: Optional[str] = Field(default=None, json_schema_extra={"x-max-tokens": 12})  # noqa: UP045
+
+
+def test_multi_and_open_fields():
+    schema = compile_schema(Mixed)
+    kinds = {f.name: f.kind for f in schema.fields}
+    assert kinds == {
+        "pick": "enum",
+        "either": "enum",
+        "tags": "multi",
+        "colours": "multi",
+        "summary": "open",
+        "code": "open",
+        "count": "open",
+        "wide": "open",
+        "price": "open",
+        "address": "open",
+        "addresses": "open",
+        "scores": "open",
+        "note": "open",
+    }
+    assert schema.field("pick").values == ("a", "b", None)
+    assert schema.field("either").values == (True, False, "maybe")
+    tags = schema.field("tags")
+    assert (tags.values, tags.min_items, tags.max_items) == (("x", "y", "z"), 1, 2)
+    assert schema.field("colours").values == ("red", "green")
+    assert schema.field("summary").value_schema == {"type": "string", "maxLength": 40}
+    assert schema.field("summary").description == "One line"
+    assert schema.field("code").value_schema == {"type": "string", "pattern": "^[A-Z]{3}$"}
+    assert schema.field("wide").value_schema == {"type": "integer", "minimum": 0, "maximum": 1000}
+    address = schema.field("address").value_schema
+    assert address["properties"]["city"]["enum"] == ["a", "b"] and "$ref" not in json.dumps(address)
+    assert schema.field("scores").value_schema == {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert schema.field("note").max_tokens == 12 and "x-max-tokens" not in schema.field("note").schema_json
+    assert [f.scored for f in schema.fields].count(False) == 9
+    # Pydantic's own JSON Schema and pcd's export compile to the same fields.
+    for exported in (Mixed.model_json_schema(), schema.json_schema()):
+        again = compile_schema(exported)
+        assert [(f.name, f.kind, f.values, f.min_items, f.max_items) for f in again.fields] == [
+            (f.name, f.kind, f.values, f.min_items, f.max_items) for f in schema.fields
+        ]
+        assert [f.value_schema for f in again.fields if not f.scored] == [
+            f.value_schema for f in schema.fields if not f.scored
+        ]
+
+
+def test_allows_checks_every_kind():
+    schema = compile_schema(Mixed)
+    tags, summary, address = schema.field("tags"), schema.field("summary"), schema.field("address")
+    assert tags.allows(["x"]) and tags.allows(["x", "z"])
+    assert not tags.allows([]) and not tags.allows(["x", "y", "z"]) and not tags.allows(["x", "x"])
+    assert not tags.allows(["w"]) and not tags.allows("x")
+    assert summary.allows("short") and not summary.allows("x" * 41) and not summary.allows(3)
+    assert address.allows({"city": "a"}) and not address.allows({"city": "c"}) and not address.allows({})
+
+
+def test_open_field_dependencies_are_typed_errors():
+    with pytest.raises(SchemaError, match=r"Field 'b': expected depends_on to name closed fields, but 'a' is gen"):
+        compile_schema({"properties": {"a": {"type": "string"}, "b": {"type": "boolean", "x-depends-on": ["a"]}}})
+
+
+def test_presets_take_multi_and_string_fields():
+    schema = compile_schema(
+        {
+            "tags": {"type": "multi", "choices": ["a", "b"], "max_items": 1},
+            "summary": {"type": "string", "max_length": 30, "max_tokens": 16},
+        }
+    )
+    assert schema.field("tags").kind == "multi" and schema.field("tags").max_items == 1
+    assert schema.field("summary").value_schema == {"type": "string", "maxLength": 30}
+    assert schema.field("summary").max_tokens == 16
+    with pytest.raises(SchemaError, match=r"Field 's': expected only the keys .* for type 'string'"):
+        compile_schema({"s": {"type": "string", "choices": ["a"]}})
 
 
 class Closed(BaseModel):
@@ -174,11 +278,18 @@ def test_json_schema_nullable_and_integer_fields(node, values):
     assert schema.fields[0].values == values
 
 
-def test_json_schema_unbounded_integer_is_a_typed_error():
-    with pytest.raises(SchemaError, match="Field 'n': expected an int with both bounds"):
-        compile_schema({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}})
-    with pytest.raises(SchemaError, match="Field 'n': expected every anyOf option"):
-        compile_schema({"type": "object", "properties": {"n": {"anyOf": [{"type": "string"}, {"type": "null"}]}}})
+@pytest.mark.parametrize(
+    ("node", "kind"),
+    [
+        ({"type": "integer", "minimum": 0}, "open"),
+        ({"anyOf": [{"type": "string"}, {"type": "null"}]}, "open"),
+        ({"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 1}, "multi"),
+        ({"type": "array", "items": {"type": "string"}}, "open"),
+        ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}, "open"),
+    ],
+)
+def test_json_schema_open_and_multi_fields(node, kind):
+    assert compile_schema({"type": "object", "properties": {"n": node}}).fields[0].kind == kind
 
 
 @pytest.mark.parametrize(
@@ -215,9 +326,20 @@ def test_bad_presets(preset, match):
 @pytest.mark.parametrize(
     ("schema", "match"),
     [
-        ({"type": "object", "properties": {"s": {"type": "string"}}}, r"Field 's': expected a boolean, enum, const"),
-        ({"type": "object", "properties": {"n": {"type": "integer"}}}, r"Field 'n': expected an int with both bounds"),
-        ({"type": "object", "properties": {"o": {"type": "object", "properties": {}}}}, r"Field 'o'"),
+        ({"type": "object", "properties": {"s": {}}}, r"Field 's': expected a constrained type"),
+        (
+            {"type": "object", "properties": {"o": {"type": "object", "properties": {}}}},
+            r"Field 'o': .*dict\[str, Any\]",
+        ),
+        ({"type": "object", "properties": {"l": {"type": "array"}}}, r"Field 'l': expected a list of a known type"),
+        (
+            {
+                "type": "object",
+                "properties": {"r": {"$ref": "#/$defs/R"}},
+                "$defs": {"R": {"type": "object", "properties": {"r": {"$ref": "#/$defs/R"}}}},
+            },
+            r"Field 'r': expected a non-recursive schema",
+        ),
         ({"type": "object", "properties": {"r": {"$ref": "#/$defs/Nope"}}}, r"Field 'r': \$ref '#/\$defs/Nope'"),
         ({"type": "object", "properties": {}}, r"at least one entry in 'properties'"),
         ({"hello": 1}, r"expected a JSON Schema with 'properties'"),

@@ -6,8 +6,11 @@ A backend owns a model and its tokenizer and offers these operations, in this or
 2. :meth:`Backend.start` opens a per-request :class:`RequestState` on top of a prefix, never modifying it;
 3. :meth:`Backend.score_tree` appends causal tokens to the state and reads the log-probabilities of a packed
    token tree in the same forward pass; the tree never stays in the state;
-4. :meth:`Backend.stream_greedy` writes text token by token (free text and the autoregressive baseline);
-5. :meth:`Backend.pass_bytes` estimates one pass's memory, so the engine can split very large trees.
+4. :meth:`Backend.generate_rows` grows one row per open field on top of a state, one forward pass per step
+   for all rows (shared here: the packed path grows the rows as a tree in one sequence, the fallback
+   broadcasts the model's own cache over a batch);
+5. :meth:`Backend.stream_greedy` writes text token by token (free text and the autoregressive baseline);
+6. :meth:`Backend.pass_bytes` estimates one pass's memory, so the engine can split very large trees.
 
 Every forward call is counted in :attr:`Backend.forward_passes`.
 """
@@ -23,7 +26,11 @@ import numpy as np
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.planner import TreeBatch
 
-__all__ = ["Backend", "Prefix", "RequestState", "estimate_pass_bytes"]
+__all__ = ["Backend", "Chooser", "Prefix", "RequestState", "estimate_pass_bytes"]
+
+# Called with (row index, log-probabilities over the vocabulary); returns the row's next token and whether the
+# row ends with it.
+Chooser = Callable[[int, np.ndarray], tuple[int, bool]]
 
 
 class Prefix(ABC):
@@ -91,6 +98,129 @@ class Backend(ABC):
         Returns:
             ``float64`` array: for each query, ``log p(query_token | row's context)``.
         """
+
+    def generate_rows(
+        self, state: RequestState, *, causal: Sequence[int], prefixes: Sequence[Sequence[int]], choose: Chooser
+    ) -> int:
+        """Append ``causal``, then grow one row per prefix, all rows advancing together one token per pass.
+
+        Each row sees the state, the causal tokens, its own prefix and its own tokens, never another row's.
+        The first pass feeds the causal tokens and every prefix (shared prefix tokens once); each later pass
+        feeds one token per row that is still going. ``choose`` picks each row's next token from its
+        log-probabilities, so a schema's rows take as many passes as the longest row.
+
+        Args:
+            state: The request state; it is consumed (do not score on it afterwards).
+            causal: Tokens to append causally before the rows; may be empty.
+            prefixes: Per row, the non-empty tokens it starts with.
+            choose: ``(row, logprobs) -> (token, done)``; a done row's token is kept but never fed.
+
+        Returns:
+            The number of forward passes run.
+
+        Raises:
+            PromptAlignmentError: If a prefix is empty.
+        """
+        if any(len(p) == 0 for p in prefixes):
+            raise PromptAlignmentError("generate_rows: expected every row to start with at least one token.")
+        tokens = [int(t) for t in causal]
+        rows = [[int(t) for t in p] for p in prefixes]
+        before = self.forward_passes
+        if rows:
+            if self.scorer == "rows":
+                self._rows_generate(state, tokens, rows, choose)
+            else:
+                self._packed_generate(state, tokens, rows, choose)
+        return self.forward_passes - before
+
+    def _packed_generate(self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
+        """Rows as branches of one growing tree in a fork of the state's cache: every node sees the state, the
+        causal block and its ancestors (the same visibility as a scored tree), and stays in the fork."""
+        cache = self._fork(state.cache)
+        tokens: list[int] = []
+        parents: list[int] = []
+        depths: list[int] = []
+        node_of: dict[tuple[int, ...], int] = {}
+        ends: list[int] = []
+        for prefix in prefixes:
+            parent = -1
+            for depth in range(len(prefix)):
+                key = tuple(prefix[: depth + 1])
+                if key not in node_of:
+                    node_of[key] = len(tokens)
+                    tokens.append(prefix[depth])
+                    parents.append(parent)
+                    depths.append(depth)
+                parent = node_of[key]
+            ends.append(parent)
+        past = state.length
+        new = list(range(len(tokens)))
+        active = list(range(len(prefixes)))
+        first = True
+        while active:
+            tree = TreeBatch(tuple(tokens), tuple(parents), tuple(depths), (), (), ())
+            visible, qpos, kpos = tree.visibility(past, len(causal) if first else 0)
+            if first:
+                feed, read = causal + tokens, [len(causal) + ends[r] for r in active]
+            else:
+                offset = len(tokens) - len(new)
+                visible, qpos = visible[offset:], qpos[offset:]
+                feed, read = [tokens[n] for n in new], [ends[r] - offset for r in active]
+            logprobs = self._grow_pass(cache, feed, visible, qpos, kpos, read)
+            if first:
+                past += len(causal)
+                first = False
+            going, new = [], []
+            for row, lp in zip(active, logprobs, strict=True):
+                token, done = choose(row, lp)
+                if done:
+                    continue
+                tokens.append(int(token))
+                parents.append(ends[row])
+                depths.append(depths[ends[row]] + 1)
+                ends[row] = len(tokens) - 1
+                new.append(ends[row])
+                going.append(row)
+            active = going
+
+    def _rows_generate(self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
+        """Row broadcast for caches that cannot branch by masking: the state's own cache is extended by the
+        causal tokens and repeated over one batch row per prefix; every row feeds one token per pass (its
+        prefix first), so rows never need padding, which recurrent layers could not ignore."""
+        cache = self._rows_start(state, causal, len(prefixes))
+        at = [0] * len(prefixes)
+        done = [False] * len(prefixes)
+        feed = [p[0] for p in prefixes]
+        while not all(done):
+            logprobs = self._rows_step(cache, feed)
+            for row, prefix in enumerate(prefixes):
+                if done[row]:
+                    continue  # a finished row keeps feeding its last token; nothing reads it
+                at[row] += 1
+                if at[row] < len(prefix):
+                    feed[row] = prefix[at[row]]
+                    continue
+                token, done[row] = choose(row, logprobs[row])
+                feed[row] = int(token)
+
+    def _grow_pass(
+        self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
+    ) -> np.ndarray:
+        """One pass that appends ``tokens`` to ``cache`` under ``visible`` and keeps them; returns the
+        log-softmax of the rows ``read``, ``[len(read), vocab]``."""
+        raise NotImplementedError(f"{type(self).__name__} has no packed row generator.")
+
+    def _rows_start(self, state: Any, causal: list[int], rows: int) -> Any:
+        """Extend the state's own cache by ``causal`` and return a copy repeated over ``rows`` batch rows."""
+        raise NotImplementedError(f"{type(self).__name__} has no rows generator.")
+
+    def _rows_step(self, cache: Any, tokens: list[int]) -> np.ndarray:
+        """Feed one token per batch row; returns each row's next-token log-softmax, ``[rows, vocab]``."""
+        raise NotImplementedError(f"{type(self).__name__} has no rows generator.")
+
+    def _fork(self, cache: Any) -> Any:
+        """A cache that shares ``cache``'s tensors and never writes into them."""
+        raise NotImplementedError(f"{type(self).__name__} has no packed scorer.")
 
     @abstractmethod
     def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:

@@ -453,6 +453,29 @@ class MLXBackend(Backend):
         mx.eval(picked, [a for layer in cache for a in (layer.keys, layer.values)])
         return np.array(picked, dtype=np.float64)
 
+    def _grow_pass(
+        self,
+        cache: list[_TreeLayer],
+        tokens: list[int],
+        visible: np.ndarray,
+        qpos: np.ndarray,
+        kpos: np.ndarray,
+        read: list[int],
+    ) -> np.ndarray:
+        """One packed pass that keeps its tokens in ``cache`` (see :meth:`Backend._grow_pass`)."""
+        mx = _mlx()
+        keep = sorted(set(read))
+        self._shared.begin(visible, qpos, kpos, causal_only=False)
+        try:
+            logits = self._forward(mx.array([tokens]), cache, keep=keep)[0]
+        finally:
+            self._shared.end()
+        index = {row: i for i, row in enumerate(keep)}
+        picked = logits[mx.array([index[r] for r in read])]
+        out = picked - mx.logsumexp(picked, axis=-1, keepdims=True)
+        mx.eval(out, [a for layer in cache for a in (layer.keys, layer.values)])
+        return np.array(out, dtype=np.float32)
+
     # ------------------------------------------------------------------------------------------ rows fallback
 
     def _copy_native(self, cache: list[Any], *, repeat: int = 1) -> list[Any]:
@@ -511,3 +534,18 @@ class MLXBackend(Backend):
             return np.zeros(0)
         picked = mx.stack([dists[row][token] for row, token in zip(batch.query_rows, batch.query_tokens, strict=True)])
         return np.array(picked, dtype=np.float64)
+
+    def _rows_start(self, state: MLXState, causal: list[int], rows: int) -> list[Any]:
+        """Extend the state's own caches by ``causal``; return copies repeated over ``rows`` batch rows."""
+        state.cache, _ = self._extend_native(state.cache, causal)
+        state.ids.extend(causal)
+        state.length += len(causal)
+        return self._copy_native(state.cache, repeat=rows)
+
+    def _rows_step(self, cache: list[Any], tokens: list[int]) -> np.ndarray:
+        """One token per batch row on the repeated caches (see :meth:`Backend._rows_step`)."""
+        mx = _mlx()
+        logits = self._forward(mx.array(np.asarray(tokens, dtype=np.int32)[:, None]), cache, keep=None)[:, -1]
+        out = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        mx.eval(out, [c.state for c in cache])
+        return np.array(out, dtype=np.float32)

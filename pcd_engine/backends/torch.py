@@ -236,9 +236,9 @@ class TorchBackend(Backend):
         fork.layers = layers
         return fork
 
-    def _masks(self, past: int, causal: int, batch: TreeBatch) -> tuple[Any, np.ndarray]:
+    def _masks(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray) -> Any:
+        """Float 4-D masks from a visibility matrix: one tensor, or one per layer type with the window built in."""
         torch = _torch()
-        visible, qpos, kpos = batch.visibility(past, causal)
         hidden = torch.finfo(self._dtype).min
 
         def to_tensor(v: np.ndarray) -> Any:
@@ -247,16 +247,17 @@ class TorchBackend(Backend):
             return mask[None, None]
 
         if not self._sliding:
-            return to_tensor(visible), qpos
+            return to_tensor(visible)
         window = visible & ((qpos[:, None] - kpos[None, :]) < self._window)
-        return {"full_attention": to_tensor(visible), "sliding_attention": to_tensor(window)}, qpos
+        return {"full_attention": to_tensor(visible), "sliding_attention": to_tensor(window)}
 
     def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
         torch = _torch()
         n = len(batch.tokens)
         if not causal and n == 0:
             return np.zeros(0)
-        mask, positions = self._masks(past, len(causal), batch)
+        visible, positions, kpos = batch.visibility(past, len(causal))
+        mask = self._masks(visible, positions, kpos)
         ids = torch.tensor([causal + list(batch.tokens)], device=self._device)
         pos = torch.from_numpy(positions).to(self._device)[None]
         keep = n + (1 if causal else 0)
@@ -282,6 +283,25 @@ class TorchBackend(Backend):
         norm = torch.cat([torch.logsumexp(block, dim=-1) for block in logits.split(32)])
         picked = logits[rows, tokens] - norm[rows]
         return picked.double().cpu().numpy()
+
+    def _grow_pass(
+        self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
+    ) -> np.ndarray:
+        """One packed pass that keeps its tokens in ``cache`` (see :meth:`Backend._grow_pass`)."""
+        torch = _torch()
+        keep = len(tokens) - min(read)
+        with self._grad():
+            out = self.model(
+                input_ids=torch.tensor([tokens], device=self._device),
+                position_ids=torch.from_numpy(qpos).to(self._device)[None],
+                attention_mask=self._masks(visible, qpos, kpos),
+                **{self._cache_kw: cache},
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        self.forward_passes += 1
+        rows = torch.tensor([r - (len(tokens) - keep) for r in read], device=self._device)
+        return torch.log_softmax(out.logits[0, rows].float(), dim=-1).cpu().numpy()
 
     # ------------------------------------------------------------------------------------------ rows fallback
 
@@ -341,3 +361,28 @@ class TorchBackend(Backend):
         for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens, strict=True)):
             out[q] = float(dists[row][token])
         return out
+
+    def _rows_start(self, state: TorchState, causal: list[int], rows: int) -> Any:
+        """Extend the state's own cache by ``causal``; return a deep copy repeated over ``rows`` batch rows."""
+        state.cache, _ = self._extend_native(state.cache, causal)
+        state.ids.extend(causal)
+        state.length += len(causal)
+        if state.cache is None:
+            from transformers import DynamicCache
+
+            return DynamicCache(config=self.model.config)
+        cache = copy.deepcopy(state.cache)
+        cache.batch_repeat_interleave(rows)
+        return cache
+
+    def _rows_step(self, cache: Any, tokens: list[int]) -> np.ndarray:
+        """One token per batch row on the repeated cache (see :meth:`Backend._rows_step`)."""
+        torch = _torch()
+        with self._grad():
+            out = self.model(
+                input_ids=torch.tensor(tokens, device=self._device)[:, None],
+                **{self._cache_kw: cache},
+                use_cache=True,
+            )
+        self.forward_passes += 1
+        return torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu().numpy()

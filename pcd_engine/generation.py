@@ -1,0 +1,300 @@
+"""Open fields: generated, not scored, in parallel rows under a JSON Schema constraint.
+
+After the closed fields are decided and written into the prompt, every open field gets a row that starts with
+its key and is generated greedily under its value's JSON Schema. All rows advance together, one forward pass
+per step for all of them, so a schema with k open fields takes as many steps as its longest value, not the
+sum::
+
+    ... {"priority": "HIGH",\\n  "refund": true,   (causal: the closed answers, written)
+          |                      |                      |
+     \\n  "setup":            \\n  "punchline":      \\n  "rating":       (row prefixes, one trie)
+          |                      |                      |
+        ' "Why'                ' "Because'            ' 4'            step 1: one pass, three rows
+        ' did'                 ' it'                  ','  (done)     step 2
+         ...                    ...
+
+The constraint comes from llguidance: each row's value schema is compiled into a Lark grammar
+``" " %json{...} ","`` (the value between the key's colon and the comma that ends the line), and the token mask
+of each step comes from its matcher. llguidance was chosen over outlines-core and xgrammar because it builds
+masks lazily from the grammar (no up-front automaton over the whole vocabulary per schema, which for long
+``maxLength`` strings or nested objects costs seconds), it covers most of JSON Schema, and it rejects the
+keywords it cannot honour instead of ignoring them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from pcd_engine.errors import BackendUnavailableError, PromptAlignmentError, SchemaError
+from pcd_engine.prompt import TokenizerView, tail_tokens
+from pcd_engine.schema import FieldSpec
+
+__all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open"]
+
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """The open rows of a request, aligned with the prompt tail.
+
+    Attributes:
+        tail_ids: Token ids of the tail text after the boundary token, as the prompt ends before the rows.
+        causal_len: How many of ``tail_ids`` are fed causally; the rest is replaced by each row's prefix.
+        prefixes: Per row, the tokens from the end of the causal block through the key's colon.
+        leads: Per row, text the grammar must still write before the value (empty unless the tokenizer merged
+            the colon with what follows).
+    """
+
+    tail_ids: tuple[int, ...]
+    causal_len: int
+    prefixes: tuple[tuple[int, ...], ...]
+    leads: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One open field's generated value.
+
+    Attributes:
+        value: The parsed value (``None`` when a cut value could not be completed into a valid one).
+        text: The value's JSON text as generated (closed by pcd when it was cut).
+        tokens: Tokens generated for the row (leading space and the closing comma included).
+        mean_logprob: Mean log-probability of the generated tokens under the model's unconstrained
+            distribution: how much the model itself wanted to write them. Not a calibrated confidence.
+        truncated: True when the row hit its token limit before the value was complete.
+        valid: True when ``value`` satisfies the field's JSON Schema.
+    """
+
+    value: Any
+    text: str
+    tokens: int
+    mean_logprob: float
+    truncated: bool
+    valid: bool
+
+
+def compile_rows(
+    tokenizer: TokenizerView, fields: Sequence[FieldSpec], *, boundary_text: str, tail_text: str
+) -> RowPlan:
+    """Tokenize each open field's key line after ``boundary_text + tail_text`` and cut it after the colon.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        fields: The open fields, one row each.
+        boundary_text: The special token that starts the tail, or ``""``.
+        tail_text: The tail up to where the rows start (closed answers included).
+
+    Returns:
+        The row plan.
+
+    Raises:
+        PromptAlignmentError: If the rows cannot be aligned with the tail at a token boundary.
+    """
+    base, skip = tail_tokens(tokenizer, boundary_text, tail_text)
+    prefix = boundary_text + tail_text
+    heads = [f"\n  {json.dumps(f.name, ensure_ascii=False)}:" for f in fields]
+    # A sample value after the colon makes the tokenizer split the colon the way it will when the value follows.
+    encoded = [tokenizer.encode_with_offsets(prefix + head + ' "",\n') for head in heads]
+    start = len(base)
+    cuts: list[tuple[list[int], str]] = []
+    for head, (ids, offsets) in zip(heads, encoded, strict=True):
+        colon = len(prefix) + len(head)
+        cut = sum(1 for _s, e in offsets if e <= colon)
+        covered = max((e for _s, e in offsets[:cut]), default=0)
+        cuts.append((list(ids[:cut]), (prefix + head)[covered:]))
+        i = 0
+        while i < min(len(base), cut) and base[i] == ids[i]:
+            i += 1
+        start = min(start, i)
+    if start < skip:
+        raise PromptAlignmentError(
+            f"Prompt tail: expected the open rows to leave the boundary token {boundary_text!r} intact, but they "
+            "changed it."
+        )
+    prefixes = []
+    for f, (ids, _lead) in zip(fields, cuts, strict=True):
+        if len(ids) <= start:
+            raise PromptAlignmentError(f"Field {f.name!r}: expected key tokens after the tail, but got none.")
+        prefixes.append(tuple(ids[start:]))
+    return RowPlan(tuple(base[skip:]), start - skip, tuple(prefixes), tuple(lead for _ids, lead in cuts))
+
+
+class Grammars:
+    """llguidance grammars and matchers for a tokenizer, compiled once per (value schema, lead).
+
+    Args:
+        tokenizer: The model's Hugging Face fast tokenizer.
+        vocab_size: Width of the model's output distribution (may exceed the tokenizer's vocabulary).
+    """
+
+    def __init__(self, tokenizer: Any, *, vocab_size: int | None = None) -> None:
+        self._hf = tokenizer
+        self._vocab_size = vocab_size
+        self._tok: Any = None
+        self._grammars: dict[tuple[str, str], str] = {}
+
+    @staticmethod
+    def _llg() -> Any:
+        try:
+            import llguidance
+            import llguidance.hf
+        except ImportError as exc:
+            raise BackendUnavailableError(
+                "Open fields: expected llguidance to be installed (it constrains generated values to their JSON "
+                "Schema), but it is missing. Install with: pip install llguidance."
+            ) from exc
+        return llguidance
+
+    @property
+    def tokenizer(self) -> Any:
+        """The llguidance tokenizer (built on first use, about half a second)."""
+        if self._tok is None:
+            llg = self._llg()
+            self._tok = llg.hf.from_tokenizer(self._hf, n_vocab=self._vocab_size)
+        return self._tok
+
+    def grammar(self, spec: FieldSpec, lead: str = "") -> str:
+        """The Lark grammar of one row: ``lead``, a space, the value under its JSON Schema, then a comma.
+
+        Raises:
+            SchemaError: If llguidance cannot compile the field's JSON Schema.
+        """
+        key = (spec.schema_json or "", lead)
+        hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
+        llg = self._llg()
+        value = {**spec.value_schema, "x-guidance": _JSON_STYLE}
+        head = f"{json.dumps(lead)} " if lead else ""
+        text = f'start: {head}" " value ","\nvalue: %json {json.dumps(value, ensure_ascii=False)}\n'
+        error = llg.LLMatcher.validate_grammar(text, self.tokenizer)
+        if error:
+            detail = error.strip().splitlines()[0]
+            raise SchemaError(
+                f"Field {spec.name!r}: expected a JSON Schema the constrained generator can honour, but llguidance "
+                f"rejected it: {detail}. Remove the unsupported keyword."
+            )
+        self._grammars[key] = text
+        return text
+
+    def matcher(self, spec: FieldSpec, lead: str = "") -> Any:
+        """A fresh matcher for one row."""
+        llg = self._llg()
+        return llg.LLMatcher(self.tokenizer, self.grammar(spec, lead), log_level=0)
+
+
+@dataclass
+class _Row:
+    spec: FieldSpec
+    matcher: Any
+    limit: int
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    truncated: bool = False
+
+
+def _allowed(matcher: Any, width: int) -> np.ndarray:
+    """The matcher's next-token mask as booleans over ``width`` tokens."""
+    words = np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8)
+    bits = np.unpackbits(words, bitorder="little").astype(bool)
+    if len(bits) >= width:
+        return bits[:width]
+    return np.concatenate([bits, np.zeros(width - len(bits), dtype=bool)])
+
+
+def _choose(row: _Row, logprobs: np.ndarray) -> tuple[int, bool]:
+    """Greedy choice under the row's constraint; returns the token and whether the row ends with it."""
+    allowed = _allowed(row.matcher, len(logprobs))
+    if not allowed.any():  # the grammar has no way on: end the row and let the caller repair the value
+        row.truncated = True
+        return int(np.argmax(logprobs)), True
+    token = int(np.argmax(np.where(allowed, logprobs, -np.inf)))
+    row.matcher.consume_token(token)
+    row.tokens.append(token)
+    row.logprobs.append(float(logprobs[token]))
+    if row.matcher.is_stopped():
+        return token, True
+    if len(row.tokens) >= row.limit:
+        row.truncated = True
+        return token, True
+    return token, False
+
+
+def _close(text: str) -> str:
+    """The characters that close a cut JSON text: an open string, then open arrays and objects."""
+    stack: list[str] = []
+    in_string = escaped = False  # the caller strips a trailing backslash first
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]" and stack:
+            stack.pop()
+    return ('"' if in_string else "") + "".join(reversed(stack))
+
+
+def _finish(row: _Row, tokenizer: TokenizerView, lead: str) -> Generated:
+    raw = tokenizer.decode(row.tokens) if row.tokens else ""
+    text = raw[len(lead) :] if raw.startswith(lead) else raw
+    text = text.strip()
+    if not row.truncated and text.endswith(","):
+        text = text[:-1]
+    mean = float(np.mean(row.logprobs)) if row.logprobs else -math.inf
+    candidates = [text] if not row.truncated else [text, text.rstrip("\\") + _close(text.rstrip("\\"))]
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        if row.spec.allows(value):
+            return Generated(value, candidate, len(row.tokens), mean, row.truncated, True)
+    return Generated(None, text, len(row.tokens), mean, row.truncated, False)
+
+
+def generate_open(
+    backend: Any,
+    state: Any,
+    *,
+    causal: Sequence[int],
+    plan: RowPlan,
+    fields: Sequence[FieldSpec],
+    grammars: Grammars,
+    tokenizer: TokenizerView,
+    max_tokens: int,
+) -> list[Generated]:
+    """Generate every open field's value in parallel rows on top of ``state``.
+
+    Args:
+        backend: The model backend (see :meth:`~pcd_engine.backends.base.Backend.generate_rows`).
+        state: The request state after the closed fields; it is consumed.
+        causal: Tokens to append before the rows (the written closed answers and the tail).
+        plan: The row prefixes from :func:`compile_rows`.
+        fields: The open fields, in row order.
+        grammars: The grammar cache.
+        tokenizer: The model's tokenizer, to decode the values.
+        max_tokens: Default token limit per value; a field's own ``max_tokens`` wins.
+
+    Returns:
+        One generated value per field, in order.
+    """
+    rows = [
+        _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
+        for spec, lead in zip(fields, plan.leads, strict=True)
+    ]
+    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=lambda r, lp: _choose(rows[r], lp))
+    return [_finish(row, tokenizer, lead) for row, lead in zip(rows, plan.leads, strict=True)]
