@@ -138,7 +138,8 @@ def partial_pairs(text: str) -> dict[str, Any]:
 
 
 def _default_limit(compiled: Schema) -> int:
-    return 12 * len(compiled.fields) + 32
+    per_field = [12 if f.scored else 12 + (f.max_tokens or 64) for f in compiled.fields]
+    return sum(per_field) + 32
 
 
 def stream_baseline(
@@ -190,7 +191,8 @@ def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: in
         engine: A loaded :class:`~pcd_engine.engine.Engine`.
         text: The document.
         schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per field plus 32.
+        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or 64)
+            per open field, plus 32.
 
     Returns:
         The text, the parsed values and the validity report.
@@ -254,7 +256,8 @@ def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: in
         engine: A loaded :class:`~pcd_engine.engine.Engine` on the torch backend.
         text: The document.
         schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per field plus 32.
+        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or 64)
+            per open field, plus 32.
 
     Returns:
         The text, the parsed values and the validity report (outlines output can still be cut by the limit).

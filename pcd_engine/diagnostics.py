@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.compiler import compile_wave
+from pcd_engine.compiler import compile_wave, questions
 from pcd_engine.errors import PCDError
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.generation import compile_rows
 from pcd_engine.planner import plan_passes
 from pcd_engine.prompt import ChatPrompt, tail_tokens
 from pcd_engine.schema import compile_schema
@@ -143,8 +144,12 @@ def _presets_compile(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
         ids = prompt.request_ids(tv, preset.context or PROBE_TEXT)
         if tuple(ids[len(ids) - len(tail0) + skip :]) != tuple(tail0[skip:]):
             return False, f"{name}: the document changed the tail's tokens"
-        wave = compile_wave(tv, preset.schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+        closed = [q for f in preset.schema.fields if f.scored for q in questions(f) if len(q.labels) > 1]
+        wave = compile_wave(tv, closed, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
         nodes += len(wave.tree)
+        opened = [f for f in preset.schema.fields if not f.scored]
+        if opened:
+            compile_rows(tv, opened, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
     folded = " (no system role: instructions in the user turn)" if prompt.system_folded else ""
     return True, f"{len(EXAMPLE_PRESETS)} presets, {nodes} trie nodes{folded}"
 

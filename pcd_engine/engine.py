@@ -158,6 +158,7 @@ class Engine:
         temperature: float = 1.0,
         anchor: bool | None = None,
         strategy: str | None = None,
+        max_tokens: int | None = None,
     ) -> ExtractionResult:
         """Fill in ``schema`` from ``text``.
 
@@ -167,7 +168,9 @@ class Engine:
                 :class:`~pcd_engine.schema.Schema`.
             temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
             anchor: Override :attr:`EngineOptions.anchor` for this call.
-            strategy: Force ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every multi-label field.
+            strategy: Force ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every field with several labels.
+            max_tokens: Override :attr:`EngineOptions.max_tokens` (the token limit of each open field's value) for
+                this call; a field's own ``max_tokens`` still wins.
 
         Returns:
             The values, per-field evidence, warnings and statistics.
@@ -183,6 +186,10 @@ class Engine:
             raise OptionError(f"temperature: expected a number > 0, but got {temperature!r}.")
         if strategy is not None:
             choose_strategy(2, name=strategy)  # validate before any model work
+        bad_limit = isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        if max_tokens is not None and bad_limit:
+            raise OptionError(f"max_tokens: expected an integer >= 1, but got {max_tokens!r}.")
+        limit = self.options.max_tokens if max_tokens is None else max_tokens
         document = self._check_text(text)
         use_anchor = self.options.anchor if anchor is None else anchor
         open_fields = [f for f in compiled.fields if not f.scored]
@@ -202,7 +209,7 @@ class Engine:
         waves = plan_waves(compiled, anchor=use_anchor)
         deepest = 2 + max(
             [len(l.surfaces[0]) for f in compiled.fields for q in questions(f) for l in q.labels]
-            + [8 + (f.max_tokens or self.options.max_tokens) for f in open_fields]
+            + [8 + (f.max_tokens or limit) for f in open_fields]
         )
         if open_fields:  # the rows' prompt also holds every closed answer
             deepest += sum(
@@ -287,11 +294,11 @@ class Engine:
                 fields=open_fields,
                 grammars=self._grammars,
                 tokenizer=self.tokenizer,
-                max_tokens=self.options.max_tokens,
+                max_tokens=limit,
             )
             generation_passes = self.backend.forward_passes - before
             for spec, generated in zip(open_fields, values, strict=True):
-                results[spec.name] = self._generated_result(spec, generated, len(waves), warnings)
+                results[spec.name] = self._generated_result(spec, generated, len(waves), limit, warnings)
                 generated_tokens += generated.tokens
             phases["generate"] += (time.perf_counter() - tick) * 1000
 
@@ -459,9 +466,11 @@ class Engine:
             label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
         )
 
-    def _generated_result(self, spec: FieldSpec, generated: Generated, wave: int, warnings: list[str]) -> FieldResult:
+    def _generated_result(
+        self, spec: FieldSpec, generated: Generated, wave: int, default_limit: int, warnings: list[str]
+    ) -> FieldResult:
         if generated.truncated:
-            limit = spec.max_tokens or self.options.max_tokens
+            limit = spec.max_tokens or default_limit
             what = "closed where it was cut" if generated.valid else "could not be completed and is null"
             warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; it was {what}.")
         elif not generated.valid:

@@ -11,7 +11,13 @@ __all__ = ["EXAMPLE_PRESETS", "example_preset", "example_preset_path"]
 
 _FOLDER = Path(__file__).resolve().parent / "presets"
 
-EXAMPLE_PRESETS: tuple[str, ...] = ("support_triage", "fintech_fraud", "code_security", "catalogue_255")
+EXAMPLE_PRESETS: tuple[str, ...] = (
+    "support_triage",
+    "fintech_fraud",
+    "code_security",
+    "catalogue_255",
+    "support_mixed",
+)
 
 
 def example_preset_path(name: str) -> Path:

@@ -254,8 +254,8 @@ class ChatPCD(BaseChatModel):
                 response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": _metadata(result)},
                 usage_metadata={
                     "input_tokens": result.stats.prompt_tokens,
-                    "output_tokens": 0,
-                    "total_tokens": result.stats.prompt_tokens,
+                    "output_tokens": result.stats.generated_tokens,
+                    "total_tokens": result.stats.prompt_tokens + result.stats.generated_tokens,
                 },
             )
             out.append(ChatResult(generations=[ChatGeneration(message=message)]))

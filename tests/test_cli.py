@@ -177,7 +177,7 @@ def test_errors_are_one_line_with_a_nonzero_exit(capsys, tiny, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"title": "x", "schema": {')
     unsupported = tmp_path / "str.json"
-    unsupported.write_text(json.dumps({"type": "object", "properties": {"summary": {"type": "string"}}}))
+    unsupported.write_text(json.dumps({"type": "object", "properties": {"summary": {"type": "object"}}}))
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps(TICKET_SCHEMA))
     cases = [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
@@ -22,10 +22,6 @@ from langchain_tests.unit_tests import ChatModelUnitTests  # noqa: E402
 from pcd_engine import SchemaError  # noqa: E402
 from pcd_integrations.langchain import ChatPCD  # noqa: E402
 
-STR_FIELDS = (
-    "str fields are generated text; pcd decides closed fields only (bool, Literal, Enum, bounded int, Optional of "
-    "those) until open fields land"
-)
 TICKET = "I was charged twice for order 5521. Refund the second charge today or I will dispute it with my bank."
 
 
@@ -159,10 +155,10 @@ def test_raw_message_carries_probabilities(llm):
 @pytest.mark.real_model
 def test_unsupported_field_fails_when_invoked_not_when_built(llm):
     class Summary(BaseModel):
-        summary: str
+        extra: dict[str, Any]
 
     runnable = llm.with_structured_output(Summary)  # building it is fine
-    with pytest.raises(SchemaError, match="Field 'summary': expected a bool, Literal, Enum or bounded int .*got str"):
+    with pytest.raises(SchemaError, match=r"Field 'extra': expected an object with known keys"):
         runnable.invoke(TICKET)
     raw = llm.with_structured_output(Summary, include_raw=True).invoke(TICKET)
     assert raw["parsed"] is None and isinstance(raw["parsing_error"], SchemaError)
@@ -283,26 +279,6 @@ class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests)
     def structured_output_kwargs(self) -> dict:
         return {"method": "json_schema"}
 
-    # The standard structured-output tests use free-text `str` fields (a Joke's setup and punchline). pcd decides
-    # closed fields only, and says so with a SchemaError naming the field; open fields are a later issue.
-    @pytest.mark.xfail(reason=STR_FIELDS, raises=SchemaError, strict=True)
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    def test_structured_output(self, model, schema_type) -> None:
-        super().test_structured_output(model, schema_type)
-
-    @pytest.mark.xfail(reason=STR_FIELDS, raises=SchemaError, strict=True)
-    @pytest.mark.parametrize("schema_type", ["pydantic", "typeddict", "json_schema"])
-    async def test_structured_output_async(self, model, schema_type) -> None:
-        await super().test_structured_output_async(model, schema_type)
-
-    @pytest.mark.xfail(reason=STR_FIELDS, raises=SchemaError, strict=True)
-    def test_structured_output_pydantic_2_v1(self, model) -> None:
-        super().test_structured_output_pydantic_2_v1(model)
-
-    @pytest.mark.xfail(reason=STR_FIELDS + " (Optional[str] here)", raises=SchemaError, strict=True)
-    def test_structured_output_optional_param(self, model) -> None:
-        super().test_structured_output_optional_param(model)
-
 
 @pytest.mark.real_model
 def test_pydantic_v1_schema(llm):
@@ -318,13 +294,35 @@ def test_pydantic_v1_schema(llm):
 
 
 @pytest.mark.real_model
-def test_nested_field_is_a_typed_error_naming_it(llm):
+def test_mixed_schema_scores_closed_fields_and_generates_open_ones(llm):
     class Customer(BaseModel):
+        name: str = Field(max_length=20)
         vip: bool
 
-    class Nested(BaseModel):
+    class Triage(BaseModel):
+        topic: Literal["billing", "shipping"]
+        tags: list[Literal["refund", "duplicate", "angry"]]
+        summary: str = Field(description="One short sentence")
         customer: Customer
+
+    out = llm.with_structured_output(Triage, include_raw=True).invoke(TICKET)
+    assert isinstance(out["parsed"], Triage) and out["parsing_error"] is None
+    fields = out["raw"].response_metadata["pcd"]["fields"]
+    assert fields["topic"]["source"] == "scored" and fields["summary"]["source"] == "generated"
+    assert fields["summary"]["probability"] is None and fields["summary"]["tokens"] > 0
+    assert out["raw"].usage_metadata["output_tokens"] > 0
+
+
+class Thread(BaseModel):
+    text: str
+    replies: list[Thread]
+
+
+@pytest.mark.real_model
+def test_recursive_model_is_a_typed_error_naming_it(llm):
+    class Post(BaseModel):
+        thread: Thread
         topic: Literal["billing", "shipping"]
 
-    with pytest.raises(SchemaError, match="Field 'customer'"):
-        llm.with_structured_output(Nested).invoke(TICKET)
+    with pytest.raises(SchemaError, match="Field 'thread': expected a non-recursive schema"):
+        llm.with_structured_output(Post).invoke(TICKET)
