@@ -20,6 +20,8 @@ class Ticket(BaseModel):
     sentiment: Literal["POSITIVE", "NEUTRAL", "NEGATIVE"]
     wants_refund: bool = Field(description="Whether the customer asks for money back")
     deadline: Literal["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]
+    topics: list[Literal["billing", "shipping", "account"]]
+    summary: str = Field(max_length=80, description="One short sentence on what happened")
 
 
 EXAMPLE = (

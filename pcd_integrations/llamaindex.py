@@ -216,8 +216,9 @@ class PCDMetadataExtractor(BaseExtractor):
     """Tag nodes with the fields of ``output_cls`` (RAG metadata), ``batch_size`` nodes per engine call.
 
     Each node gets one metadata dict in node order, with enum values (not Enum members). With
-    ``store_probabilities`` each field's probability is stored too, under ``"pcd_probability_<field>"``. A node
-    with no text gets an empty dict (it is skipped, not sent to the engine).
+    ``store_probabilities`` each scored field's probability is stored too, under ``"pcd_probability_<field>"``
+    (generated fields have none). A node with no text gets an empty dict (it is skipped, not sent to the
+    engine).
     """
 
     output_cls: Any = Field(description="The Pydantic model whose fields are the tags.")
@@ -241,7 +242,8 @@ class PCDMetadataExtractor(BaseExtractor):
     def _tags(self, result: ExtractionResult) -> dict[str, Any]:
         tags = {name: _json_safe(value) for name, value in result.values.items()}
         if self.store_probabilities:
-            tags.update({PROBABILITY_PREFIX + n: f.probability for n, f in result.fields.items()})
+            scored = {n: f.probability for n, f in result.fields.items() if f.probability is not None}
+            tags.update({PROBABILITY_PREFIX + n: p for n, p in scored.items()})
         return tags
 
     def extract_batches(self, nodes: Sequence[BaseNode]) -> list[dict[str, Any]]:
