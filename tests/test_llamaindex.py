@@ -6,7 +6,7 @@ import asyncio
 import json
 import math
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, Field
@@ -169,16 +169,30 @@ def test_core_pydantic_program_extractor(default_engine):
     assert len(out) == 1 and set(out[0]) == {"topic", "has_numbers", "tone"}
 
 
-def test_extractor_skips_empty_nodes_and_names_a_str_field(default_engine, calls):
+def test_extractor_skips_empty_nodes_and_names_an_unbounded_field(default_engine, calls):
     extractor = PCDMetadataExtractor(Tags, engine=default_engine, batch_size=4)
     tags = extractor.extract([TextNode(text=SPORT_TEXT), TextNode(text="   "), TextNode(text=SPORT_TEXT)])
     assert tags[1] == {} and tags[0] == tags[2] and tags[0]["topic"] in ("business", "sport", "tech")
     assert calls == [2]
 
-    class Summary(BaseModel):
-        summary: str
+    class Loose(BaseModel):
+        extra: dict[str, Any]
 
     from pcd_engine import SchemaError
 
-    with pytest.raises(SchemaError, match="Field 'summary': expected a bool, Literal, Enum or bounded int .*got str"):
-        PCDMetadataExtractor(Summary, engine=default_engine).extract([TextNode(text=SPORT_TEXT)])
+    with pytest.raises(SchemaError, match=r"Field 'extra': expected an object with known keys"):
+        PCDMetadataExtractor(Loose, engine=default_engine).extract([TextNode(text=SPORT_TEXT)])
+
+
+def test_extractor_tags_with_generated_text(default_engine):
+    """A str field is generated next to the scored tags; its probability is not stored (it has none)."""
+
+    class Tagged(BaseModel):
+        topic: Literal["business", "sport", "tech"]
+        headline: str = Field(max_length=40, json_schema_extra={"x-max-tokens": 12})
+
+    extractor = PCDMetadataExtractor(Tagged, engine=default_engine, store_probabilities=True)
+    (tags,) = extractor.extract([TextNode(text=SPORT_TEXT)])
+    assert isinstance(tags["headline"], str) and len(tags["headline"]) <= 40
+    assert "pcd_probability_topic" in tags and "pcd_probability_headline" not in tags
+    assert Tagged(**{k: v for k, v in tags.items() if not k.startswith("pcd_")})
