@@ -15,7 +15,9 @@ sum::
 
 The constraint comes from llguidance: each row's value schema is compiled into a Lark grammar
 ``" " %json{...} ","`` (the value between the key's colon and the comma that ends the line), and the token mask
-of each step comes from its matcher. llguidance was chosen over outlines-core and xgrammar because it builds
+of each step comes from its matcher. Tokens the grammar forces (a nested object's keys, the quote that closes a
+string at its ``maxLength``) are appended with the chosen token, as a chain, without a pass of their own.
+llguidance was chosen over outlines-core and xgrammar because it builds
 masks lazily from the grammar (no up-front automaton over the whole vocabulary per schema, which for long
 ``maxLength`` strings or nested objects costs seconds), it covers most of JSON Schema, and it rejects the
 keywords it cannot honour instead of ignoring them.
@@ -65,9 +67,11 @@ class Generated:
     Attributes:
         value: The parsed value (``None`` when a cut value could not be completed into a valid one).
         text: The value's JSON text as generated (closed by pcd when it was cut).
-        tokens: Tokens generated for the row (leading space and the closing comma included).
-        mean_logprob: Mean log-probability of the generated tokens under the model's unconstrained
-            distribution: how much the model itself wanted to write them. Not a calibrated confidence.
+        tokens: Tokens written for the row (leading space and the closing comma included).
+        forced: Of those, tokens the grammar forced (keys of a nested object, a closing quote): they are written
+            without a pass of their own and left out of ``mean_logprob``.
+        mean_logprob: Mean log-probability of the tokens the model chose, under its unconstrained distribution:
+            how much the model itself wanted to write them. Not a calibrated confidence.
         truncated: True when the row hit its token limit before the value was complete.
         valid: True when ``value`` satisfies the field's JSON Schema.
     """
@@ -75,6 +79,7 @@ class Generated:
     value: Any
     text: str
     tokens: int
+    forced: int
     mean_logprob: float
     truncated: bool
     valid: bool
@@ -197,6 +202,7 @@ class _Row:
     limit: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    forced: int = 0
     truncated: bool = False
 
 
@@ -209,22 +215,30 @@ def _allowed(matcher: Any, width: int) -> np.ndarray:
     return np.concatenate([bits, np.zeros(width - len(bits), dtype=bool)])
 
 
-def _choose(row: _Row, logprobs: np.ndarray) -> tuple[int, bool]:
-    """Greedy choice under the row's constraint; returns the token and whether the row ends with it."""
+def _choose(row: _Row, logprobs: np.ndarray) -> tuple[list[int], bool]:
+    """Greedy choice under the row's constraint, then the tokens the grammar forces after it (they cost no pass of
+    their own); returns the tokens and whether the row ends with them."""
     allowed = _allowed(row.matcher, len(logprobs))
     if not allowed.any():  # the grammar has no way on: end the row and let the caller repair the value
         row.truncated = True
-        return int(np.argmax(logprobs)), True
+        return [], True
     token = int(np.argmax(np.where(allowed, logprobs, -np.inf)))
     row.matcher.consume_token(token)
     row.tokens.append(token)
     row.logprobs.append(float(logprobs[token]))
+    chosen = [token]
+    if not row.matcher.is_stopped() and len(row.tokens) < row.limit:
+        forced = list(row.matcher.compute_ff_tokens())[: row.limit - len(row.tokens)]
+        if forced and row.matcher.consume_tokens(forced):
+            row.tokens.extend(forced)
+            row.forced += len(forced)
+            chosen.extend(forced)
     if row.matcher.is_stopped():
-        return token, True
+        return chosen, True
     if len(row.tokens) >= row.limit:
         row.truncated = True
-        return token, True
-    return token, False
+        return chosen, True
+    return chosen, False
 
 
 def _close(text: str) -> str:
@@ -262,8 +276,8 @@ def _finish(row: _Row, tokenizer: TokenizerView, lead: str) -> Generated:
         except json.JSONDecodeError:
             continue
         if row.spec.allows(value):
-            return Generated(value, candidate, len(row.tokens), mean, row.truncated, True)
-    return Generated(None, text, len(row.tokens), mean, row.truncated, False)
+            return Generated(value, candidate, len(row.tokens), row.forced, mean, row.truncated, True)
+    return Generated(None, text, len(row.tokens), row.forced, mean, row.truncated, False)
 
 
 def generate_open(

@@ -297,7 +297,7 @@ def _open_field(
     for key in ("title", "default", "description", "x-depends-on", "examples"):
         value.pop(key, None)
     _check_constrained(name, value, where="")
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False)
+    text = json.dumps(value, ensure_ascii=False)  # key order kept: it is the order the value is written in
     return FieldSpec(name, "open", (), description, tuple(depends_on), schema_json=text, max_tokens=max_tokens)
 
 

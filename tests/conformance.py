@@ -204,9 +204,10 @@ class BackendConformance:
 
     # ------------------------------------------------------------------------------------------ open rows
 
-    def scripted_rows(self, backend: Any, scripts: list[list[int]]) -> dict[str, Any]:
-        """Grow three rows (two sharing their first prefix token) with a scripted chooser that records the
-        log-probability of each scripted token."""
+    def scripted_rows(self, backend: Any, scripts: list[list[list[int]]]) -> dict[str, Any]:
+        """Grow three rows (two sharing their first prefix token) with a scripted chooser: each row's script is a
+        list of choices, a choice one or more tokens (more, as when a grammar forces what follows); the chooser
+        records the log-probability of each choice's first token."""
         tv = TokenizerView(backend.tokenizer)
         schema = compile_schema(SHARED_PREFIXES)
         prompt = ChatPrompt.build(tv, schema)
@@ -218,10 +219,10 @@ class BackendConformance:
         assert prefixes[0][0] == prefixes[1][0] and len({len(p) for p in prefixes}) > 1
         seen: list[list[float]] = [[] for _ in scripts]
 
-        def choose(row: int, logprobs: np.ndarray) -> tuple[int, bool]:
+        def choose(row: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
             assert logprobs.shape == (len(backend.tokenizer),) or logprobs.shape[0] >= len(backend.tokenizer)
             step = len(seen[row])
-            seen[row].append(float(logprobs[scripts[row][step]]))
+            seen[row].append(float(logprobs[scripts[row][step][0]]))
             return scripts[row][step], step + 1 == len(scripts[row])
 
         causal = ids[len(prompt.head_ids) :]
@@ -230,17 +231,19 @@ class BackendConformance:
             np.testing.assert_array_equal(a, b)
         return {"context": ids, "prefixes": prefixes, "seen": seen, "passes": passes}
 
-    SCRIPTS = [[476, 28120, 905, 1002], [476, 1002], [216, 33, 34, 35, 36, 37, 28]]
+    SCRIPTS = [[[476], [28120, 905], [1002]], [[476, 1002]], [[216], [33], [34, 35, 36], [37], [28]]]
 
     def check_rows(self, backend: Any, run: dict[str, Any]) -> None:
-        paths = [p + s for p, s in zip(run["prefixes"], self.SCRIPTS, strict=True)]
-        for path, script, seen in zip(paths, self.SCRIPTS, run["seen"], strict=True):
-            expected = self.brute_force(backend, list(run["context"]), [path])[0][-len(script) :]
-            np.testing.assert_allclose(seen, expected, atol=1e-4, rtol=0)
+        for prefix, script, seen in zip(run["prefixes"], self.SCRIPTS, run["seen"], strict=True):
+            flat = [t for choice in script for t in choice]
+            starts = np.cumsum([0] + [len(choice) for choice in script[:-1]])
+            lps = self.brute_force(backend, list(run["context"]), [prefix + flat])[0][len(prefix) :]
+            np.testing.assert_allclose(seen, lps[starts], atol=1e-4, rtol=0)
 
     def test_packed_rows_equal_brute_force(self, backend):
-        """Rows grown as one tree: each row's distributions equal its own plain causal continuation, and the
-        rows take as many passes as the longest one, not the sum."""
+        """Rows grown as one tree: each row's distributions equal its own plain causal continuation, a choice of
+        several tokens is one chain in one pass, and the rows take as many passes as the longest row has
+        choices, not the sum."""
         run = self.scripted_rows(backend, self.SCRIPTS)
         self.check_rows(backend, run)
         assert run["passes"] == max(len(s) for s in self.SCRIPTS)
@@ -250,7 +253,7 @@ class BackendConformance:
         per pass, prefixes first."""
         run = self.scripted_rows(rows_backend, self.SCRIPTS)
         self.check_rows(rows_backend, run)
-        steps = max(len(p) + len(s) - 1 for p, s in zip(run["prefixes"], self.SCRIPTS, strict=True))
+        steps = max(len(p) + sum(map(len, s)) - 1 for p, s in zip(run["prefixes"], self.SCRIPTS, strict=True))
         assert run["passes"] == 1 + steps
 
     def test_wrong_row_positions_are_detected(self, backend, monkeypatch):

@@ -238,9 +238,9 @@ class OracleBackend(Backend):
             self.forward_passes += 1
             going = []
             for row in active:
-                token, done = choose(row, self.lm.distribution(contexts[row]).astype(np.float32))
-                contexts[row].append(int(token))
-                if not done:
+                tokens, done = choose(row, self.lm.distribution(contexts[row]).astype(np.float32))
+                contexts[row].extend(int(t) for t in tokens)
+                if not done and tokens:
                     going.append(row)
             active = going
         return self.forward_passes - before

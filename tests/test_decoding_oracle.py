@@ -294,7 +294,9 @@ OPEN = {
 def greedy_constrained(lm, tokenizer, context_text, schema, limit):
     """The obvious generator: tokenize the whole prompt up to the key's colon, then at each step score the whole
     sequence, keep the tokens a fresh llguidance matcher for ``" " <value> ","`` allows (its token mask, which
-    prefers the canonical token where the grammar forces text), and take the best."""
+    prefers the canonical token where the grammar forces text), and take the best; where the grammar forces the
+    next tokens, they are written as they are and are not the model's choice. Returns the tokens, whether the
+    value finished, and the steps that were choices."""
     import llguidance
     import llguidance.hf
 
@@ -303,15 +305,22 @@ def greedy_constrained(lm, tokenizer, context_text, schema, limit):
     grammar = f'start: " " value ","\nvalue: %json {json.dumps({**schema, "x-guidance": style})}\n'
     matcher = llguidance.LLMatcher(tok, grammar)
     ids = TokenizerView(tokenizer).encode(context_text)
-    out = []
+    out, choices = [], []
     while len(out) < limit and not matcher.is_stopped():
+        forced = matcher.compute_ff_tokens() if out else []
+        if forced:
+            forced = forced[: limit - len(out)]
+            assert matcher.consume_tokens(forced)
+            out.extend(forced)
+            continue
+        choices.append(len(out))
         dist = lm.distribution(ids + out)
         bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
         allowed = [t for t in range(min(len(dist), len(bits))) if bits[t]]
         best = max(allowed, key=lambda t: dist[t])
         assert matcher.consume_token(best)
         out.append(best)
-    return out, matcher.is_stopped()
+    return out, matcher.is_stopped(), choices
 
 
 def test_open_fields_equal_greedy_constrained_brute_force(oracle, smol_tokenizer):
@@ -329,13 +338,13 @@ def test_open_fields_equal_greedy_constrained_brute_force(oracle, smol_tokenizer
         if f.scored
     )
     context = prompt.prefix_text + TEXT + prompt.suffix_text + closed
-    lengths = []
+    lengths, steps = [], []
     for spec in schema.fields:
         if spec.scored:
             assert out.fields[spec.name].source == "scored"
             continue
         got = out.fields[spec.name]
-        tokens, finished = greedy_constrained(
+        tokens, finished, choices = greedy_constrained(
             lm, smol_tokenizer, context + f'\n  "{spec.name}":', spec.value_schema, 10
         )
         assert got.source == "generated" and got.method == "generated" and got.probability is None
@@ -344,12 +353,11 @@ def test_open_fields_equal_greedy_constrained_brute_force(oracle, smol_tokenizer
         if finished:
             assert got.value == json.loads(text.removesuffix(","))
         assert got.value is None or spec.allows(got.value)
-        dist_lp = []
         ids = TokenizerView(smol_tokenizer).encode(context + f'\n  "{spec.name}":')
-        for i, t in enumerate(tokens):
-            dist_lp.append(lm.logprob(ids + tokens[:i], t))
-        assert got.mean_logprob == pytest.approx(float(np.mean(dist_lp)), abs=1e-5)
+        chosen_lp = [lm.logprob(ids + tokens[:i], tokens[i]) for i in choices]
+        assert got.mean_logprob == pytest.approx(float(np.mean(chosen_lp)), abs=1e-5)
         lengths.append(len(tokens))
-    assert out.stats.generation_passes == max(lengths)
+        steps.append(len(choices))
+    assert out.stats.generation_passes == max(steps)  # forced tokens ride with the choice before them
     assert out.stats.generated_tokens == sum(lengths)
-    assert out.stats.forward_passes == 1 + max(lengths)  # one scored wave, then one pass per row step
+    assert out.stats.forward_passes == 1 + max(steps)  # one scored wave, then one pass per row step

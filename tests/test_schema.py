@@ -202,6 +202,19 @@ def test_multi_and_open_fields():
         ]
 
 
+def test_open_value_schema_keeps_the_key_order():
+    class Person(BaseModel):
+        zeta: str
+        alpha: int
+        mid: bool
+
+    class Holder(BaseModel):
+        person: Person
+
+    schema = compile_schema(Holder)
+    assert list(schema.field("person").value_schema["properties"]) == ["zeta", "alpha", "mid"]
+
+
 def test_allows_checks_every_kind():
     schema = compile_schema(Mixed)
     tags, summary, address = schema.field("tags"), schema.field("summary"), schema.field("address")

@@ -28,9 +28,9 @@ from pcd_engine.planner import TreeBatch
 
 __all__ = ["Backend", "Chooser", "Prefix", "RequestState", "estimate_pass_bytes"]
 
-# Called with (row index, log-probabilities over the vocabulary); returns the row's next token and whether the
-# row ends with it.
-Chooser = Callable[[int, np.ndarray], tuple[int, bool]]
+# Called with (row index, log-probabilities over the vocabulary); returns the row's next tokens (usually one; more
+# when a grammar forces what follows) and whether the row ends with them.
+Chooser = Callable[[int, np.ndarray], tuple[Sequence[int], bool]]
 
 
 class Prefix(ABC):
@@ -106,14 +106,15 @@ class Backend(ABC):
 
         Each row sees the state, the causal tokens, its own prefix and its own tokens, never another row's.
         The first pass feeds the causal tokens and every prefix (shared prefix tokens once); each later pass
-        feeds one token per row that is still going. ``choose`` picks each row's next token from its
-        log-probabilities, so a schema's rows take as many passes as the longest row.
+        feeds the new tokens of every row that is still going. ``choose`` picks each row's next tokens from its
+        log-probabilities (several when a grammar forces them, which then cost no pass of their own), so a
+        schema's rows take as many passes as the longest row has choices.
 
         Args:
             state: The request state; it is consumed (do not score on it afterwards).
             causal: Tokens to append causally before the rows; may be empty.
             prefixes: Per row, the non-empty tokens it starts with.
-            choose: ``(row, logprobs) -> (token, done)``; a done row's token is kept but never fed.
+            choose: ``(row, logprobs) -> (tokens, done)``; a done row's tokens are kept but never fed.
 
         Returns:
             The number of forward passes run.
@@ -172,36 +173,39 @@ class Backend(ABC):
                 first = False
             going, new = [], []
             for row, lp in zip(active, logprobs, strict=True):
-                token, done = choose(row, lp)
-                if done:
+                chosen, done = choose(row, lp)
+                if done or not chosen:
                     continue
-                tokens.append(int(token))
-                parents.append(ends[row])
-                depths.append(depths[ends[row]] + 1)
-                ends[row] = len(tokens) - 1
-                new.append(ends[row])
+                for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
+                    tokens.append(int(token))
+                    parents.append(ends[row])
+                    depths.append(depths[ends[row]] + 1)
+                    ends[row] = len(tokens) - 1
+                    new.append(ends[row])
                 going.append(row)
             active = going
 
     def _rows_generate(self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
         """Row broadcast for caches that cannot branch by masking: the state's own cache is extended by the
         causal tokens and repeated over one batch row per prefix; every row feeds one token per pass (its
-        prefix first), so rows never need padding, which recurrent layers could not ignore."""
+        prefix first, then its choices, forced tokens one by one), so rows never need padding, which recurrent
+        layers could not ignore."""
         cache = self._rows_start(state, causal, len(prefixes))
-        at = [0] * len(prefixes)
+        queues = [list(p) for p in prefixes]
         done = [False] * len(prefixes)
-        feed = [p[0] for p in prefixes]
+        feed = [q.pop(0) for q in queues]
         while not all(done):
             logprobs = self._rows_step(cache, feed)
-            for row, prefix in enumerate(prefixes):
+            for row, queue in enumerate(queues):
                 if done[row]:
                     continue  # a finished row keeps feeding its last token; nothing reads it
-                at[row] += 1
-                if at[row] < len(prefix):
-                    feed[row] = prefix[at[row]]
-                    continue
-                token, done[row] = choose(row, logprobs[row])
-                feed[row] = int(token)
+                if not queue:
+                    chosen, done[row] = choose(row, logprobs[row])
+                    queue.extend(int(t) for t in chosen)
+                    if done[row] or not queue:
+                        done[row] = True
+                        continue
+                feed[row] = queue.pop(0)
 
     def _grow_pass(
         self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
