@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcd_engine.errors import BackendUnavailableError
+from pcd_engine.generation import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
 __all__ = [
@@ -60,24 +61,7 @@ class BaselineResult:
 
 def json_object_closed(text: str) -> bool:
     """True once ``text`` (starting at ``{``) holds a complete top-level JSON object, strings respected."""
-    depth, in_string, escaped = 0, False, False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            depth += 1
-        elif ch in "}]":
-            depth -= 1
-            if depth == 0:
-                return True
-    return False
+    return any(ch == "}" and not in_string and not closers for ch, in_string, closers in walk_json(text))
 
 
 def _check(compiled: Schema, written: str) -> tuple[dict[str, Any] | None, list[str]]:

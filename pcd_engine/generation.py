@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,7 @@ from pcd_engine.errors import BackendUnavailableError, PromptAlignmentError, Sch
 from pcd_engine.prompt import TokenizerView, tail_tokens
 from pcd_engine.schema import FieldSpec
 
-__all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open"]
+__all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open", "walk_json"]
 
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -241,10 +241,15 @@ def _choose(row: _Row, logprobs: np.ndarray) -> tuple[list[int], bool]:
     return chosen, False
 
 
-def _close(text: str) -> str:
-    """The characters that close a cut JSON text: an open string, then open arrays and objects."""
+def walk_json(text: str) -> Iterator[tuple[str, bool, tuple[str, ...]]]:
+    """Walk a JSON text character by character, strings respected.
+
+    Yields:
+        ``(char, in_string, closers)`` after each character: whether it is inside a string, and the characters
+        that would close the arrays and objects still open, outermost first.
+    """
     stack: list[str] = []
-    in_string = escaped = False  # the caller strips a trailing backslash first
+    in_string = escaped = False
     for ch in text:
         if in_string:
             if escaped:
@@ -259,7 +264,16 @@ def _close(text: str) -> str:
             stack.append("}" if ch == "{" else "]")
         elif ch in "}]" and stack:
             stack.pop()
-    return ('"' if in_string else "") + "".join(reversed(stack))
+        yield ch, in_string, tuple(stack)
+
+
+def _close(text: str) -> str:
+    """The characters that close a cut JSON text (the caller strips a trailing backslash first): an open
+    string's quote, then the open arrays and objects, innermost first."""
+    in_string, closers = False, ()
+    for _ch, in_string, closers in walk_json(text):
+        pass
+    return ('"' if in_string else "") + "".join(reversed(closers))
 
 
 def _finish(row: _Row, tokenizer: TokenizerView, lead: str) -> Generated:

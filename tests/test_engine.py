@@ -268,3 +268,17 @@ def test_open_field_token_limit_option(engine):
     out = Engine(engine.backend, max_tokens=3).extract(TEXT, {"properties": {"note": {"type": "string"}}})
     assert out.fields["note"].tokens <= 3 and isinstance(out.values["note"], str)
     assert out.stats.waves == 0  # no closed field: the document rides in the first row step
+
+
+def test_cut_values_are_closed_or_null_and_flagged(engine):
+    """A string cut at its token limit is closed where it was cut; an object that cannot be completed validly
+    is None; both are flagged and warned about."""
+    who = {"type": "object", "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}},
+           "required": ["name", "vip"], "x-max-tokens": 4}
+    schema = {"properties": {"who": who, "note": {"type": "string", "x-max-tokens": 1}}}
+    out = engine.extract(TEXT, schema)
+    note, person = out.fields["note"], out.fields["who"]
+    assert note.truncated and isinstance(note.value, str) and out.schema.field("note").allows(note.value)
+    assert person.truncated and person.value is None and person.tokens <= 4
+    assert any("'who'" in w and "could not be completed and is null" in w for w in out.warnings)
+    assert {f.name for f in out.low_confidence()} == {"note", "who"}
