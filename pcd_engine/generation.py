@@ -270,9 +270,7 @@ def walk_json(text: str) -> Iterator[tuple[str, bool, tuple[str, ...]]]:
 def _close(text: str) -> str:
     """The characters that close a cut JSON text (the caller strips a trailing backslash first): an open
     string's quote, then the open arrays and objects, innermost first."""
-    in_string, closers = False, ()
-    for _ch, in_string, closers in walk_json(text):
-        pass
+    _ch, in_string, closers = next(iter(reversed(list(walk_json(text)))), ("", False, ()))
     return ('"' if in_string else "") + "".join(reversed(closers))
 
 

@@ -273,8 +273,12 @@ def test_open_field_token_limit_option(engine):
 def test_cut_values_are_closed_or_null_and_flagged(engine):
     """A string cut at its token limit is closed where it was cut; an object that cannot be completed validly
     is None; both are flagged and warned about."""
-    who = {"type": "object", "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}},
-           "required": ["name", "vip"], "x-max-tokens": 4}
+    who = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}},
+        "required": ["name", "vip"],
+        "x-max-tokens": 4,
+    }
     schema = {"properties": {"who": who, "note": {"type": "string", "x-max-tokens": 1}}}
     out = engine.extract(TEXT, schema)
     note, person = out.fields["note"], out.fields["who"]
