@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import copy
 import enum
-from typing import Any, Literal
+import re
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import pytest
@@ -286,3 +287,20 @@ def test_cut_values_are_closed_or_null_and_flagged(engine):
     assert person.truncated and person.value is None and person.tokens <= 4
     assert any("'who'" in w and "could not be completed and is null" in w for w in out.warnings)
     assert {f.name for f in out.low_confidence()} == {"note", "who"}
+
+
+def test_generated_values_honour_their_json_schema(engine):
+    """Whatever a random model wants, the grammar holds: patterns, bounds, enums inside objects, list items."""
+
+    class Constrained(BaseModel):
+        code: str = Field(pattern=r"^[A-Z]{3}-[0-9]{2}$")
+        score: float = Field(ge=0, le=1)
+        year: int = Field(ge=1900, le=2100)
+        items: list[Annotated[str, Field(max_length=5)]] = Field(max_length=2)
+
+    out = engine.extract(TEXT, Constrained, max_tokens=24)
+    for name in ("code", "score", "year", "items"):
+        field = out.fields[name]
+        assert field.value is not None and out.schema.field(name).allows(field.value), (name, field)
+    assert re.fullmatch(r"[A-Z]{3}-[0-9]{2}", out.values["code"])
+    assert isinstance(out.model, Constrained)
