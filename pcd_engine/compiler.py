@@ -33,9 +33,18 @@ from typing import Any
 
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.prompt import TokenizerView, field_line, tail_tokens
-from pcd_engine.schema import FieldSpec, Label
+from pcd_engine.schema import FieldSpec, Label, flag_key
 
-__all__ = ["CompiledWave", "FieldTrie", "LabelPath", "TokenTree", "compile_wave", "questions", "written_value"]
+__all__ = [
+    "CompiledWave",
+    "FieldTrie",
+    "LabelPath",
+    "TokenTree",
+    "common_prefix",
+    "compile_wave",
+    "questions",
+    "written_value",
+]
 
 
 @dataclass(frozen=True)
@@ -109,7 +118,8 @@ class CompiledWave:
     fields: tuple[FieldTrie, ...]
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens ``a`` and ``b`` share."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -155,7 +165,7 @@ def compile_wave(
             )
         ids = list(ids)[:cut]
         cut_paths.append(ids)
-        start = min(start, _common_prefix(base, ids))
+        start = min(start, common_prefix(base, ids))
     if start < skip:
         raise PromptAlignmentError(
             f"Prompt tail: expected the lines to leave the boundary token {boundary_text!r} intact, but they "
@@ -238,7 +248,7 @@ def questions(spec: FieldSpec) -> tuple[FieldSpec, ...]:
         return (spec,)
     out = []
     for label in spec.labels:
-        key = label.surfaces[0] if isinstance(label.value, str) else json.dumps(json.dumps(label.value))
+        key = json.dumps(flag_key(label.value), ensure_ascii=False)
         yes = Label(True, tuple(f"{{{key}: {s}}}" for s in ("true", '"true"')))
         no = Label(False, tuple(f"{{{key}: {s}}}" for s in ("false", '"false"')))
         out.append(FieldSpec(spec.name, "boolean", (yes, no), spec.description))
@@ -248,10 +258,12 @@ def questions(spec: FieldSpec) -> tuple[FieldSpec, ...]:
 def written_value(spec: FieldSpec, value: Any) -> str:
     """The JSON text of ``value`` as it is written into the prompt for later waves and the open rows."""
     if spec.kind == "multi":
-        chosen = list(value)
-        flags = {str(v) if not isinstance(v, str) else v: v in chosen for v in spec.values}
+        chosen = {spec.label_index(v) for v in value}
+        flags = {flag_key(label.value): i in chosen for i, label in enumerate(spec.labels)}
         return json.dumps(flags, ensure_ascii=False)
     if spec.kind == "open":
         return json.dumps(value, ensure_ascii=False)
-    index = next(i for i, v in enumerate(spec.values) if type(v) is type(value) and v == value)
+    index = spec.label_index(value)
+    if index is None:
+        raise ValueError(f"Field {spec.name!r}: {value!r} is not one of its labels.")
     return spec.labels[index].surfaces[0]

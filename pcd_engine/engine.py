@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -30,6 +30,8 @@ from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, Fi
 from pcd_engine.schema import FieldSpec, Schema, compile_schema
 
 __all__ = ["Engine", "EngineOptions"]
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class Engine:
         self._heads: OrderedDict[str, tuple[_Plan, Prefix]] = OrderedDict()
         self._waves: OrderedDict[tuple[str, str, tuple[str, ...]], CompiledWave] = OrderedDict()
         self._pass_plans: OrderedDict[tuple[int, int], tuple[CompiledWave, list[TreeBatch]]] = OrderedDict()
-        self._row_plans: OrderedDict[tuple[str, str, str], RowPlan] = OrderedDict()
+        self._row_plans: OrderedDict[tuple[str, str, tuple[str, ...]], RowPlan] = OrderedDict()
         self._grammars = Grammars(backend.tokenizer)
 
     @classmethod
@@ -239,7 +241,9 @@ class Engine:
             if asked:
                 tick = time.perf_counter()
                 cw = self._compile(compiled, [q for _, q in asked], tail_text)
-                pending, committed = self._extend(pending, committed, cw.tail_ids, cw.causal_len, where=f"Wave {index}")
+                pending, committed = self._extend(
+                    pending, committed, cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True
+                )
                 budget_mb = self.options.memory_budget_mb or self.backend.default_memory_budget_mb
                 budget = int(budget_mb * 2**20)
                 passes = self._passes(cw, self._max_nodes(state.length, len(pending), budget))
@@ -284,7 +288,9 @@ class Engine:
                 if spec.scored and spec.name not in written:
                     tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
             rows = self._rows(compiled, open_fields, tail_text)
-            pending, committed = self._extend(pending, committed, rows.tail_ids, rows.causal_len, where="Open rows")
+            pending, committed = self._extend(
+                pending, committed, rows.tail_ids, rows.causal_len, where="Open rows", need_new=False
+            )
             before = self.backend.forward_passes
             values = generate_open(
                 self.backend,
@@ -373,48 +379,58 @@ class Engine:
         return plan, prefix
 
     def _compile(self, schema: Schema, fields: Sequence[Any], tail_text: str) -> CompiledWave:
-        key = (schema.fingerprint, tail_text, tuple(f.name for f in fields))
-        hit = self._waves.get(key)
-        if hit is not None:
-            self._waves.move_to_end(key)
-            return hit
         prompt = self._heads[schema.fingerprint][0].prompt
-        wave = compile_wave(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
-        self._waves[key] = wave
-        while len(self._waves) > 64 * self.options.head_cache_size:
-            self._waves.popitem(last=False)
-        return wave
+        return self._cached(
+            self._waves,
+            (schema.fingerprint, tail_text, tuple(f.name for f in fields)),
+            lambda: compile_wave(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text),
+        )
+
+    def _rows(self, schema: Schema, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
+        prompt = self._heads[schema.fingerprint][0].prompt
+        return self._cached(
+            self._row_plans,
+            (schema.fingerprint, tail_text, tuple(f.name for f in fields)),
+            lambda: compile_rows(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text),
+        )
+
+    def _cached(self, store: OrderedDict[Any, _T], key: Any, build: Callable[[], _T]) -> _T:
+        """A bounded LRU lookup: ``store[key]``, built by ``build`` on a miss."""
+        hit = store.get(key)
+        if hit is not None:
+            store.move_to_end(key)
+            return hit
+        value = store[key] = build()
+        while len(store) > 64 * self.options.head_cache_size:
+            store.popitem(last=False)
+        return value
 
     @staticmethod
     def _extend(
-        pending: list[int], committed: tuple[int, ...], tail_ids: Sequence[int], causal_len: int, *, where: str
+        pending: list[int],
+        committed: tuple[int, ...],
+        tail_ids: Sequence[int],
+        causal_len: int,
+        *,
+        where: str,
+        need_new: bool,
     ) -> tuple[list[int], tuple[int, ...]]:
-        """Append the tail tokens a compiled wave or row plan needs after what the state already holds."""
+        """Append the tail tokens a compiled wave or row plan needs after what the state already holds.
+
+        ``need_new``: a scored tree reads its root distribution from the last new token, so it needs one; open
+        rows start from their own prefix tokens and do not."""
         if tuple(tail_ids[: len(committed)]) != committed or causal_len < len(committed):
             raise PromptAlignmentError(
                 f"{where}: expected the written answers to extend the tail's tokens, but they re-tokenized the text "
                 "before them."
             )
         pending = [*pending, *tail_ids[len(committed) : causal_len]]
-        if not pending and where.startswith("Wave"):
+        if not pending and need_new:
             raise PromptAlignmentError(
                 f"{where}: expected new prompt tokens before the tree (the root distribution is read from the last "
                 "one), but the written answers added none."
             )
         return pending, tuple(tail_ids[:causal_len])
-
-    def _rows(self, schema: Schema, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
-        key = (schema.fingerprint, tail_text, "rows")
-        hit = self._row_plans.get(key)
-        if hit is not None:
-            self._row_plans.move_to_end(key)
-            return hit
-        prompt = self._heads[schema.fingerprint][0].prompt
-        rows = compile_rows(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
-        self._row_plans[key] = rows
-        while len(self._row_plans) > 64 * self.options.head_cache_size:
-            self._row_plans.popitem(last=False)
-        return rows
 
     def _passes(self, wave: CompiledWave, max_nodes: int) -> list[TreeBatch]:
         key = (id(wave), max_nodes)

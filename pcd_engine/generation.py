@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from pcd_engine.compiler import common_prefix
 from pcd_engine.errors import BackendUnavailableError, PromptAlignmentError, SchemaError
 from pcd_engine.prompt import TokenizerView, tail_tokens
 from pcd_engine.schema import FieldSpec
@@ -68,10 +69,9 @@ class Generated:
         value: The parsed value (``None`` when a cut value could not be completed into a valid one).
         text: The value's JSON text as generated (closed by pcd when it was cut).
         tokens: Tokens written for the row (leading space and the closing comma included).
-        forced: Of those, tokens the grammar forced (keys of a nested object, a closing quote): they are written
-            without a pass of their own and left out of ``mean_logprob``.
         mean_logprob: Mean log-probability of the tokens the model chose, under its unconstrained distribution:
-            how much the model itself wanted to write them. Not a calibrated confidence.
+            how much the model itself wanted to write them. Tokens the grammar forced (keys of a nested object, a
+            closing quote) are left out. Not a calibrated confidence.
         truncated: True when the row hit its token limit before the value was complete.
         valid: True when ``value`` satisfies the field's JSON Schema.
     """
@@ -79,7 +79,6 @@ class Generated:
     value: Any
     text: str
     tokens: int
-    forced: int
     mean_logprob: float
     truncated: bool
     valid: bool
@@ -114,10 +113,7 @@ def compile_rows(
         cut = sum(1 for _s, e in offsets if e <= colon)
         covered = max((e for _s, e in offsets[:cut]), default=0)
         cuts.append((list(ids[:cut]), (prefix + head)[covered:]))
-        i = 0
-        while i < min(len(base), cut) and base[i] == ids[i]:
-            i += 1
-        start = min(start, i)
+        start = min(start, common_prefix(base, ids[:cut]))
     if start < skip:
         raise PromptAlignmentError(
             f"Prompt tail: expected the open rows to leave the boundary token {boundary_text!r} intact, but they "
@@ -135,13 +131,12 @@ class Grammars:
     """llguidance grammars and matchers for a tokenizer, compiled once per (value schema, lead).
 
     Args:
-        tokenizer: The model's Hugging Face fast tokenizer.
-        vocab_size: Width of the model's output distribution (may exceed the tokenizer's vocabulary).
+        tokenizer: The model's Hugging Face fast tokenizer. Masks cover its vocabulary; a wider model output
+            is masked beyond it (see :func:`_allowed`).
     """
 
-    def __init__(self, tokenizer: Any, *, vocab_size: int | None = None) -> None:
+    def __init__(self, tokenizer: Any) -> None:
         self._hf = tokenizer
-        self._vocab_size = vocab_size
         self._tok: Any = None
         self._grammars: dict[tuple[str, str], str] = {}
 
@@ -162,7 +157,7 @@ class Grammars:
         """The llguidance tokenizer (built on first use, about half a second)."""
         if self._tok is None:
             llg = self._llg()
-            self._tok = llg.hf.from_tokenizer(self._hf, n_vocab=self._vocab_size)
+            self._tok = llg.hf.from_tokenizer(self._hf)
         return self._tok
 
     def grammar(self, spec: FieldSpec, lead: str = "") -> str:
@@ -202,7 +197,6 @@ class _Row:
     limit: int
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    forced: int = 0
     truncated: bool = False
 
 
@@ -231,7 +225,6 @@ def _choose(row: _Row, logprobs: np.ndarray) -> tuple[list[int], bool]:
         forced = list(row.matcher.compute_ff_tokens())[: row.limit - len(row.tokens)]
         if forced and row.matcher.consume_tokens(forced):
             row.tokens.extend(forced)
-            row.forced += len(forced)
             chosen.extend(forced)
     if row.matcher.is_stopped():
         return chosen, True
@@ -288,8 +281,8 @@ def _finish(row: _Row, tokenizer: TokenizerView, lead: str) -> Generated:
         except json.JSONDecodeError:
             continue
         if row.spec.allows(value):
-            return Generated(value, candidate, len(row.tokens), row.forced, mean, row.truncated, True)
-    return Generated(None, text, len(row.tokens), row.forced, mean, row.truncated, False)
+            return Generated(value, candidate, len(row.tokens), mean, row.truncated, True)
+    return Generated(None, text, len(row.tokens), mean, row.truncated, False)
 
 
 def generate_open(

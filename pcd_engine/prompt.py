@@ -103,7 +103,8 @@ def _describe(spec: FieldSpec) -> str:
         allowed = "one of " + ", ".join(l.surfaces[0] for l in spec.labels)
     elif spec.kind == "multi":
         allowed = "an object with a true or false flag for each of " + ", ".join(l.surfaces[0] for l in spec.labels)
-        allowed += f" (true when it applies{_item_bounds(spec.min_items, spec.max_items, noun='true')})"
+        bounds = _item_bounds(spec.min_items, spec.max_items, noun="true")
+        allowed += f" (true when it applies{'; ' + bounds if bounds else ''})"
     else:
         allowed = describe_value(spec.value_schema)
     text = f"- {key}: {allowed}"
@@ -113,8 +114,9 @@ def _describe(spec: FieldSpec) -> str:
 
 
 def _item_bounds(lo: int, hi: int | None, *, noun: str) -> str:
+    """``'at least 1 and at most 2 <noun>'``, or ``""`` when there are no bounds."""
     parts = ([f"at least {lo}"] if lo else []) + ([f"at most {hi}"] if hi is not None else [])
-    return f"; {' and '.join(parts)} {noun}" if parts else ""
+    return f"{' and '.join(parts)} {noun}" if parts else ""
 
 
 def describe_value(node: Any) -> str:
@@ -146,8 +148,8 @@ def describe_value(node: Any) -> str:
     if kind in ("boolean", "null"):
         return "true or false" if kind == "boolean" else "null"
     if kind == "array":
-        text = "a list of " + describe_value(node.get("items", {}))
-        return text + _item_bounds(node.get("minItems", 0), node.get("maxItems"), noun="items").replace(";", ",")
+        limits = _item_bounds(node.get("minItems", 0), node.get("maxItems"), noun="items")
+        return "a list of " + describe_value(node.get("items", {})) + (", " + limits if limits else "")
     if kind == "object" or "properties" in node:
         props = node.get("properties") or {}
         if props:

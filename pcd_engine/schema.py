@@ -158,12 +158,21 @@ class FieldSpec:
         """A value as a model following pcd's instructions writes it, in output form: a multi-label field's
         flags object (``{"x": true, "y": false}``) becomes the list of its true labels; others are unchanged."""
         if self.kind == "multi" and isinstance(value, Mapping):
-            by_key = {(v if isinstance(v, str) else json.dumps(v)): v for v in self.values}
+            by_key = {flag_key(v): v for v in self.values}
             return [by_key.get(k, k) for k, flag in value.items() if flag is True or flag == "true"]
         return value
 
+    def label_index(self, value: Any) -> int | None:
+        """The index of the label whose value is ``value``, type included, or ``None``."""
+        return next((i for i, v in enumerate(self.values) if type(value) is type(v) and value == v), None)
+
     def _is_label(self, value: Any) -> bool:
-        return any(type(value) is type(v) and value == v for v in self.values)
+        return self.label_index(value) is not None
+
+
+def flag_key(value: LabelValue) -> str:
+    """The key of a label in a multi-label field's flags object: a string label itself, any other its JSON."""
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 @dataclass(frozen=True)
@@ -365,12 +374,6 @@ def _check_constrained(name: str, node: Any, *, where: str) -> None:
 # ---------------------------------------------------------------------------------------------------- pydantic
 
 
-def _type_name(annotation: Any) -> str:
-    if isinstance(annotation, type):
-        return annotation.__name__
-    return str(annotation).replace("typing.", "")
-
-
 def _int_range(name: str, lo: Any, hi: Any) -> list[int]:
     """The integers of a bounded range of at most :data:`MAX_INT_LABELS` values; wider or open ones are open."""
     if lo is None or hi is None:
@@ -449,7 +452,7 @@ def _from_annotation(name: str, annotation: Any, description: str | None, metada
         # whole field open.
         collected: list[Any] = []
         for option in typing.get_args(annotation):
-            collected.extend([None] if option is type(None) else _closed_values(name, option, ()))
+            collected.extend([None] if option is type(None) else _closed_values(name, option, metadata))
         spec = _enum(name, collected, description)
         if all(isinstance(v, bool) for v in spec.values):
             return FieldSpec(name, "boolean", spec.labels, description)
@@ -588,8 +591,7 @@ def _closed_json(
     if kinds == "null":
         return _enum(name, [None], description, depends_on)
     if kinds == "array" and isinstance(node.get("items"), Mapping) and "prefixItems" not in node:
-        items = _resolve(node["items"], root, field_name=name)
-        values = _json_values(name, items, root)
+        values = _json_values(name, node["items"], root)
         return _multi(
             name, values, description, depends_on, min_items=node.get("minItems"), max_items=node.get("maxItems")
         )

@@ -372,3 +372,22 @@ def test_bad_preset_file(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(SchemaError, match="expected valid JSON"):
         load_preset(bad)
+
+
+def test_field_bounds_on_an_optional_int_keep_it_closed():
+    class Rated(BaseModel):
+        stars: Optional[int] = Field(default=None, ge=1, le=3)  # noqa: UP045
+
+    assert compile_schema(Rated).field("stars").values == (1, 2, 3, None)
+
+
+def test_multi_label_flags_use_one_key_for_every_label_type():
+    """The flags a question asks, the flags written into the prompt and the flags read back name labels alike."""
+    from pcd_engine.compiler import questions, written_value
+
+    spec = compile_schema({"m": {"type": "multi", "choices": ["a b", 7, True, None]}}).field("m")
+    asked = [json.loads(q.labels[0].surfaces[0]) for q in questions(spec)]
+    written = json.loads(written_value(spec, [7, None]))
+    assert [next(iter(a)) for a in asked] == list(written) == ["a b", "7", "true", "null"]
+    assert written == {"a b": False, "7": True, "true": False, "null": True}
+    assert spec.read(written) == [7, None]
