@@ -179,8 +179,11 @@ class TrieWalk(Strategy):
             probs += weight * within
             return int(np.argmax(scores)) if greedy else None
         groups: dict[int, list[LabelPath]] = {}
-        for path in paths:
-            groups.setdefault(path.nodes[depth], []).append(path)
+        while len(groups) < 2:  # a chain every path shares has probability 1 here: step over it, no recursion
+            groups = {}
+            for path in paths:
+                groups.setdefault(path.nodes[depth], []).append(path)
+            depth += len(groups) < 2
         children = list(groups)
         split = _softmax(np.array([logprobs[c] for c in children], dtype=float), temperature)
         best = children[int(np.argmax([logprobs[c] for c in children]))]

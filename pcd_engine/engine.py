@@ -5,15 +5,27 @@ the answers written by the previous wave) as a causal block, followed by the pac
 every field in the wave. A wave's tree is split over several passes only when it would exceed the memory budget.
 Open fields come last: every closed answer is written into the prompt, and one row per open field is generated
 under its JSON Schema, all rows advancing together one forward pass per token (:mod:`pcd_engine.generation`).
+
+Every request is bounded before any model work: its labels and generated tokens against its
+:class:`~pcd_engine.limits.RequestLimits`, its prompt and answers against the model's window, its passes against
+the memory budget. Nothing is cached for a request that fails. Time limits and cancellation are checked before
+every forward pass.
+
+Concurrency: an :class:`Engine` may be called from many threads. Each call keeps its own state
+(:class:`~pcd_engine.request.Request`) and statistics; the shared caches sit behind one lock, and the model runs
+one pass at a time (the backend's lock), so concurrent calls interleave at pass boundaries and get exactly the
+answers they would get one by one.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -22,16 +34,19 @@ from pcd_engine.backends import select_backend
 from pcd_engine.backends.base import Backend, Prefix
 from pcd_engine.compiler import CompiledWave, compile_wave, questions, written_value
 from pcd_engine.decoding import Decision, Fixed, choose_strategy
-from pcd_engine.errors import ContextError, OptionError, PromptAlignmentError
+from pcd_engine.errors import ContextError, LimitError, OptionError, PromptAlignmentError
 from pcd_engine.generation import Generated, Grammars, RowPlan, compile_rows, generate_open
+from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line, tail_tokens
+from pcd_engine.request import Request as _Request
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.schema import FieldSpec, Schema, compile_schema
 
 __all__ = ["Engine", "EngineOptions"]
 
 _T = TypeVar("_T")
+_EMPTY = TreeBatch((), (), (), (), (), ())
 
 
 @dataclass(frozen=True)
@@ -43,14 +58,19 @@ class EngineOptions:
             usually better answers). ``depends_on`` adds waves either way; a later wave's prompt holds the
             anchor's answer and the answers its fields depend on, not every earlier answer.
         head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
-        memory_budget_mb: Estimated peak memory of one pass above which a wave's tree is split into passes;
-            ``None`` takes the backend's default (1 GiB on CPU, a quarter of the GPU's memory up to 16 GiB).
+        memory_budget_mb: Estimated peak memory of one pass, which every pass keeps within: the head prefill and
+            the document are fed in causal chunks, a wave's tree is split into passes, and open rows that cannot
+            fit are refused before any work with :class:`~pcd_engine.errors.LimitError`. ``None`` takes the
+            backend's default (1 GiB on CPU, a quarter of the GPU's memory up to 16 GiB).
         marginal_max_labels: Fields with up to this many labels use the marginal strategy by default; larger
             ones use the trie walk.
         top_k: How many alternatives each field reports.
         low_mass_warning: Warn when a field's candidate mass is below this.
         max_tokens: The most tokens generated for one open field's value (a field's own ``max_tokens`` wins);
             a value cut there is flagged ``truncated``.
+        limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them.
+        special_tokens: Read control strings in documents (``<|im_end|>``, ``<|im_start|>system``) as the
+            template's control tokens. Off by default: a document is plain text and cannot open a turn.
     """
 
     anchor: bool = True
@@ -60,6 +80,8 @@ class EngineOptions:
     top_k: int = 5
     low_mass_warning: float = 0.1
     max_tokens: int = 64
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    special_tokens: bool = False
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -70,12 +92,36 @@ class EngineOptions:
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
         if self.top_k < 1:
             raise OptionError(f"top_k: expected an integer >= 1, but got {self.top_k}.")
+        if not isinstance(self.limits, RequestLimits):
+            raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
+
+
+def _largest(fits: Callable[[int], bool], *, top: int = 1 << 17) -> int:
+    """The largest ``n`` in ``[0, top]`` with ``fits(n)`` (``fits`` is monotone, and ``fits(0)`` is assumed)."""
+    lo, hi = 0, top
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 @dataclass(frozen=True)
 class _Plan:
     prompt: ChatPrompt
     tail0_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """One call's checked settings."""
+
+    temperature: float
+    strategy: str | None
+    max_tokens: int
+    limits: RequestLimits
 
 
 class Engine:
@@ -101,6 +147,7 @@ class Engine:
             raise OptionError(f"Engine options: {exc}. Known options: {sorted(base.__dict__)}.") from None
         self.backend = backend
         self.tokenizer = TokenizerView(backend.tokenizer)
+        self._lock = threading.RLock()  # guards the caches below; model passes take the backend's own lock
         self._heads: OrderedDict[str, tuple[_Plan, Prefix]] = OrderedDict()
         self._waves: OrderedDict[tuple[str, str, tuple[str, ...]], CompiledWave] = OrderedDict()
         self._pass_plans: OrderedDict[tuple[int, int], tuple[CompiledWave, list[TreeBatch]]] = OrderedDict()
@@ -161,11 +208,16 @@ class Engine:
         anchor: bool | None = None,
         strategy: str | None = None,
         max_tokens: int | None = None,
+        limits: RequestLimits | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> ExtractionResult:
         """Fill in ``schema`` from ``text``.
 
+        Safe to call from many threads at once (see the module docstring); the statistics are this call's own.
+
         Args:
-            text: The document to classify; surrounding whitespace is stripped.
+            text: The document to classify; surrounding whitespace is stripped. Control strings in it (for
+                example ``<|im_end|>``) are read as plain text unless :attr:`EngineOptions.special_tokens`.
             schema: A Pydantic model class, JSON Schema dict, preset dict, preset file dict or compiled
                 :class:`~pcd_engine.schema.Schema`.
             temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
@@ -173,138 +225,79 @@ class Engine:
             strategy: Force ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every field with several labels.
             max_tokens: Override :attr:`EngineOptions.max_tokens` (the token limit of each open field's value) for
                 this call; a field's own ``max_tokens`` still wins.
+            limits: Override :attr:`EngineOptions.limits` (labels, generated tokens, time) for this call.
+            cancelled: Called before every forward pass; once it returns True the call stops with
+                :class:`~pcd_engine.errors.RequestCancelled`.
 
         Returns:
             The values, per-field evidence, warnings and statistics.
 
         Raises:
             SchemaError: If the schema has a field pcd cannot decide (before any model work).
-            ContextError: If the text is empty or too long for the model.
+            ContextError: If the text is empty, not valid Unicode, or too long for the model.
+            LimitError: If the request needs more labels, generated tokens or memory than allowed (before any
+                model work).
+            OptionError: If an option is out of range.
+            RequestCancelled: If ``cancelled`` said so, or (as :class:`~pcd_engine.errors.RequestTimeout`) the
+                time limit passed.
             PromptAlignmentError: If the prompt does not tokenize the way the compiler assumed.
         """
         started = time.perf_counter()
         compiled = compile_schema(schema)
-        if not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise OptionError(f"temperature: expected a number > 0, but got {temperature!r}.")
-        if strategy is not None:
-            choose_strategy(2, name=strategy)  # validate before any model work
-        bad_limit = isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        if max_tokens is not None and bad_limit:
-            raise OptionError(f"max_tokens: expected an integer >= 1, but got {max_tokens!r}.")
-        limit = self.options.max_tokens if max_tokens is None else max_tokens
+        call = self._call_options(temperature, strategy, max_tokens, limits)
         document = self._check_text(text)
+        watch = Watch(call.limits.time_limit_s, cancelled)
         use_anchor = self.options.anchor if anchor is None else anchor
         open_fields = [f for f in compiled.fields if not f.scored]
+        self._check_sizes(compiled, open_fields, call)
         for spec in open_fields:
             self._grammars.grammar(spec)  # llguidance must accept the value schema before any model work
         phases = dict.fromkeys(("tokenize", "prefill", "compile", "forward", "decode", "generate"), 0.0)
-        passes_before = self.backend.forward_passes
+        passes_before = self.backend.thread_passes
 
-        plan, prefix = self._head(compiled, phases)
         tick = time.perf_counter()
-        ids = plan.prompt.request_ids(self.tokenizer, document)
+        plan, prefix = self._lookup_head(compiled)
+        ids = plan.prompt.request_ids(self.tokenizer, document, special_tokens=self.options.special_tokens)
         if tuple(ids[len(ids) - len(plan.tail0_ids) :]) != plan.tail0_ids:
             raise PromptAlignmentError(
                 "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
                 "their tokenization. Strip unusual trailing characters from the text."
             )
-        waves = plan_waves(compiled, anchor=use_anchor)
-        deepest = 2 + max(
-            [len(l.surfaces[0]) for f in compiled.fields for q in questions(f) for l in q.labels]
-            + [8 + (f.max_tokens or limit) for f in open_fields]
-        )
-        if open_fields:  # the rows' prompt also holds every closed answer
-            deepest += sum(
-                12 + max(len(l.surfaces[0]) for l in q.labels)
-                for f in compiled.fields
-                if f.scored
-                for q in questions(f)
-            )
-        if len(ids) + deepest > self.backend.max_context:
-            raise ContextError(
-                f"Context: expected the prompt to fit the model's window of {self.backend.max_context} tokens, but "
-                f"it needs {len(ids)} tokens (plus up to {deepest} for the answers). Shorten the text."
-            )
+        self._check_window(compiled, open_fields, plan, len(ids), call.max_tokens)
+        budget = self._budget_bytes()
         phases["tokenize"] += (time.perf_counter() - tick) * 1000
+        if prefix is None:
+            watch.check("the head prefill")
+            prefix = self._prefill(compiled, plan, budget, phases)
 
-        state = self.backend.start(prefix)
-        pending = list(ids[len(plan.prompt.head_ids) : len(ids) - len(plan.tail0_ids)])
-        committed: tuple[int, ...] = ()
-        tail_text = plan.prompt.tail_text
+        request = _Request(
+            state=self.backend.start(prefix),
+            pending=list(ids[len(plan.prompt.head_ids) : len(ids) - len(plan.tail0_ids)]),
+            tail_text=plan.prompt.tail_text,
+            watch=watch,
+            budget=budget,
+        )
+        waves = plan_waves(compiled, anchor=use_anchor)
         results: dict[str, FieldResult] = {}
         warnings: list[str] = []
-        written: set[str] = set()
-        nodes_scored = 0
         for index, wave in enumerate(waves):
-            asked = [(spec, q) for spec in wave for q in questions(spec) if len(q.labels) > 1]
-            decided: dict[str, list[Decision]] = {}
-            if asked:
-                tick = time.perf_counter()
-                cw = self._compile(compiled, [q for _, q in asked], tail_text)
-                pending, committed = self._extend(
-                    pending, committed, cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True
-                )
-                budget_mb = self.options.memory_budget_mb or self.backend.default_memory_budget_mb
-                budget = int(budget_mb * 2**20)
-                passes = self._passes(cw, self._max_nodes(state.length, len(pending), budget))
-                phases["compile"] += (time.perf_counter() - tick) * 1000
-
-                tick = time.perf_counter()
-                logprobs = np.zeros(len(cw.tree))
-                for batch in passes:
-                    logprobs[list(batch.query_nodes)] = self.backend.score_tree(state, causal=pending, batch=batch)
-                    pending = []
-                    nodes_scored += len(batch.tokens)
-                phases["forward"] += (time.perf_counter() - tick) * 1000
-
-                tick = time.perf_counter()
-                for (spec, _q), trie in zip(asked, cw.fields, strict=True):
-                    n = len(trie.spec.labels)
-                    decision = choose_strategy(
-                        n, name=strategy, marginal_max_labels=self.options.marginal_max_labels
-                    ).decide(trie, logprobs, temperature=float(temperature))
-                    decided.setdefault(spec.name, []).append(decision)
-                phases["decode"] += (time.perf_counter() - tick) * 1000
-            for spec in wave:
-                if spec.kind == "multi":
-                    results[spec.name] = self._multi_result(spec, decided[spec.name], index, warnings)
-                else:
-                    fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
-                    decision = decided[spec.name][0] if spec.name in decided else fixed
-                    results[spec.name] = self._field_result(spec, decision, index, warnings)
+            self._decide_wave(compiled, plan, request, wave, index, call, phases, results, warnings)
             # Later waves read the anchor and the answers they depend on; writing every answer would only add
             # prompt tokens to process (a 28-field schema writes ~9 tokens per field).
             needed = {dep for later in waves[index + 1 :] for spec in later for dep in spec.depends_on}
             for spec in wave:
                 if spec.name in needed or (use_anchor and index == 0):
-                    tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
-                    written.add(spec.name)
+                    request.tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
+                    request.written.add(spec.name)
 
         generation_passes = generated_tokens = 0
         if open_fields:
             tick = time.perf_counter()
-            # The open rows see every closed answer.
-            for spec in compiled.fields:
-                if spec.scored and spec.name not in written:
-                    tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
-            rows = self._rows(compiled, open_fields, tail_text)
-            pending, committed = self._extend(
-                pending, committed, rows.tail_ids, rows.causal_len, where="Open rows", need_new=False
-            )
-            before = self.backend.forward_passes
-            values = generate_open(
-                self.backend,
-                state,
-                causal=pending,
-                plan=rows,
-                fields=open_fields,
-                grammars=self._grammars,
-                tokenizer=self.tokenizer,
-                max_tokens=limit,
-            )
-            generation_passes = self.backend.forward_passes - before
+            before = self.backend.thread_passes
+            values = self._generate(compiled, plan, request, open_fields, results, call.max_tokens)
+            generation_passes = self.backend.thread_passes - before
             for spec, generated in zip(open_fields, values, strict=True):
-                results[spec.name] = self._generated_result(spec, generated, len(waves), limit, warnings)
+                results[spec.name] = self._generated_result(spec, generated, len(waves), call.max_tokens, warnings)
                 generated_tokens += generated.tokens
             phases["generate"] += (time.perf_counter() - tick) * 1000
 
@@ -318,14 +311,101 @@ class Engine:
             phases_ms=phases,
             prompt_tokens=len(ids),
             cached_tokens=len(plan.prompt.head_ids),
-            forward_passes=self.backend.forward_passes - passes_before,
-            nodes_scored=nodes_scored,
+            forward_passes=self.backend.thread_passes - passes_before,
+            nodes_scored=request.nodes_scored,
             waves=len(waves),
             generation_passes=generation_passes,
             generated_tokens=generated_tokens,
         )
         values_out = {name: r.value for name, r in ordered.items()}
         return ExtractionResult(values_out, ordered, tuple(warnings), stats, compiled)
+
+    def _decide_wave(
+        self,
+        compiled: Schema,
+        plan: _Plan,
+        request: _Request,
+        wave: Sequence[FieldSpec],
+        index: int,
+        call: _Call,
+        phases: dict[str, float],
+        results: dict[str, FieldResult],
+        warnings: list[str],
+    ) -> None:
+        """Score one wave's tree (one pass unless the budget splits it) and record each field's result."""
+        asked = [(spec, q) for spec in wave for q in questions(spec) if len(q.labels) > 1]
+        decided: dict[str, list[Decision]] = {}
+        if asked:
+            tick = time.perf_counter()
+            cw = self._compile(compiled, plan.prompt, [q for _, q in asked], request.tail_text)
+            request.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
+            passes = self._tree_passes(request, cw)
+            phases["compile"] += (time.perf_counter() - tick) * 1000
+
+            tick = time.perf_counter()
+            logprobs = np.zeros(len(cw.tree))
+            for batch in passes:
+                request.watch.check(f"a scoring pass of wave {index}")
+                scored = self.backend.score_tree(request.state, causal=request.pending, batch=batch)
+                logprobs[list(batch.query_nodes)] = scored
+                request.pending = []
+                request.nodes_scored += len(batch.tokens)
+            phases["forward"] += (time.perf_counter() - tick) * 1000
+
+            tick = time.perf_counter()
+            for (spec, _q), trie in zip(asked, cw.fields, strict=True):
+                n = len(trie.spec.labels)
+                decision = choose_strategy(
+                    n, name=call.strategy, marginal_max_labels=self.options.marginal_max_labels
+                ).decide(trie, logprobs, temperature=call.temperature)
+                decided.setdefault(spec.name, []).append(decision)
+            phases["decode"] += (time.perf_counter() - tick) * 1000
+        for spec in wave:
+            if spec.kind == "multi":
+                results[spec.name] = self._multi_result(spec, decided[spec.name], index, warnings)
+            else:
+                fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
+                decision = decided[spec.name][0] if spec.name in decided else fixed
+                results[spec.name] = self._field_result(spec, decision, index, warnings)
+
+    def _generate(
+        self,
+        compiled: Schema,
+        plan: _Plan,
+        request: _Request,
+        open_fields: Sequence[FieldSpec],
+        results: dict[str, FieldResult],
+        limit: int,
+    ) -> list[Generated]:
+        """Write every closed answer into the prompt, then generate the open rows together."""
+        for spec in compiled.fields:  # the open rows see every closed answer
+            if spec.scored and spec.name not in request.written:
+                request.tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
+        rows = self._rows(compiled, plan.prompt, open_fields, request.tail_text)
+        request.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
+        prefix_tokens = sum(len(p) for p in rows.prefixes)
+        self._fit_causal(request, extra=prefix_tokens, keep=0)
+        grown = prefix_tokens + sum(spec.max_tokens or limit for spec in open_fields)
+        need = self.backend.pass_bytes(
+            past=request.state.length + len(request.pending) + grown, new=len(open_fields), rows=len(open_fields)
+        )
+        if need > request.budget:
+            raise LimitError(
+                f"Memory budget: expected the open rows to fit the budget of {request.budget / 2**20:.0f} MiB, but "
+                f"their last pass needs about {need / 2**20:.0f} MiB. Raise memory_budget_mb, lower the fields' "
+                "token limits, or shorten the text."
+            )
+        return generate_open(
+            self.backend,
+            request.state,
+            causal=request.pending,
+            plan=rows,
+            fields=open_fields,
+            grammars=self._grammars,
+            tokenizer=self.tokenizer,
+            max_tokens=limit,
+            check=lambda: request.watch.check("a generation pass"),
+        )
 
     def extract_many(self, texts: Iterable[str], schema: Any, **kwargs: Any) -> list[ExtractionResult]:
         """Run :meth:`extract` on each text with the same schema (the head cache is shared).
@@ -348,9 +428,31 @@ class Engine:
         """Token ids of the full prompt the model sees for ``text`` (head, document and tail up to ``{``)."""
         compiled = compile_schema(schema)
         prompt = ChatPrompt.build(self.tokenizer, compiled)
-        return prompt.request_ids(self.tokenizer, self._check_text(text))
+        return prompt.request_ids(self.tokenizer, self._check_text(text), special_tokens=self.options.special_tokens)
 
-    # ------------------------------------------------------------------------------------------ internals
+    # ------------------------------------------------------------------------------------------ checks
+
+    def _call_options(self, temperature: Any, strategy: Any, max_tokens: Any, limits: RequestLimits | None) -> _Call:
+        """This call's settings, each checked, with the engine's defaults filled in."""
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise OptionError(f"temperature: expected a number > 0, but got {temperature!r}.")
+        if not math.isfinite(temperature):
+            raise OptionError(f"temperature: expected a finite number, but got {temperature!r}.")
+        if strategy is not None:
+            if not isinstance(strategy, str):
+                raise OptionError(f"strategy: expected a strategy name (a string), but got {strategy!r}.")
+            choose_strategy(2, name=strategy)  # validate before any model work
+        bad_limit = isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        if max_tokens is not None and bad_limit:
+            raise OptionError(f"max_tokens: expected an integer >= 1, but got {max_tokens!r}.")
+        if limits is not None and not isinstance(limits, RequestLimits):
+            raise OptionError(f"limits: expected a RequestLimits, but got {type(limits).__name__}.")
+        return _Call(
+            temperature=float(temperature),
+            strategy=strategy,
+            max_tokens=self.options.max_tokens if max_tokens is None else max_tokens,
+            limits=limits or self.options.limits,
+        )
 
     @staticmethod
     def _check_text(text: Any, *, where: str = "text") -> str:
@@ -359,35 +461,145 @@ class Engine:
         stripped = text.strip()
         if not stripped:
             raise ContextError(f"Context: expected {where} to contain some text, but got only whitespace or nothing.")
+        try:
+            stripped.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ContextError(
+                f"Context: expected {where} to be valid Unicode, but it has a lone surrogate "
+                f"{stripped[exc.start]!r} at character {exc.start}. Decode the text with errors='replace'."
+            ) from None
         return stripped
 
-    def _head(self, schema: Schema, phases: dict[str, float]) -> tuple[_Plan, Prefix]:
-        key = schema.fingerprint
-        hit = self._heads.get(key)
-        if hit is not None:
-            self._heads.move_to_end(key)
-            return hit
+    def _check_sizes(self, schema: Schema, open_fields: Sequence[FieldSpec], call: _Call) -> None:
+        """The request's labels and generated tokens against its limits, by counting only (no model work)."""
+        limits = call.limits
+        labels = sum(len(q.labels) for spec in schema.fields if spec.scored for q in questions(spec))
+        if limits.max_labels is not None and labels > limits.max_labels:
+            raise LimitError(
+                f"Labels: expected at most {limits.max_labels} allowed values in one request, but the schema has "
+                f"{labels}. Split the schema or raise max_labels."
+            )
+        if limits.max_generated_tokens is None:
+            return
+        total = 0
+        for spec in open_fields:
+            own = spec.max_tokens or call.max_tokens
+            if own > limits.max_generated_tokens:
+                source = "its x-max-tokens" if spec.max_tokens else "max_tokens"
+                raise LimitError(
+                    f"Field {spec.name!r}: expected a token limit of at most {limits.max_generated_tokens}, but "
+                    f"{source} asks for {own}. Lower it."
+                )
+            total += own
+        if total > limits.max_generated_tokens:
+            raise LimitError(
+                f"Generated tokens: expected the open fields to ask for at most {limits.max_generated_tokens} tokens "
+                f"in all, but their limits add up to {total}. Lower the fields' x-max-tokens or max_tokens."
+            )
+
+    def _check_window(
+        self, schema: Schema, open_fields: Sequence[FieldSpec], plan: _Plan, prompt_tokens: int, limit: int
+    ) -> None:
+        """The whole request against the model's window, before any model work; the message blames what is
+        too long: a field's token limit, the schema, or the text."""
+        window = self.backend.max_context
+        labels = [len(l.surfaces[0]) for f in schema.fields if f.scored for q in questions(f) for l in q.labels]
+        answers = 0
+        if open_fields:  # the rows' prompt also holds every closed answer
+            answers = sum(
+                12 + max(len(l.surfaces[0]) for l in q.labels) for f in schema.fields if f.scored for q in questions(f)
+            )
+        fixed = len(plan.prompt.head_ids) + len(plan.tail0_ids) + 2
+        for spec in open_fields:
+            own = spec.max_tokens or limit
+            if fixed + answers + own + 8 > window:
+                source = "its x-max-tokens" if spec.max_tokens else "max_tokens"
+                raise ContextError(
+                    f"Field {spec.name!r}: expected its token limit to fit the model's window of {window} tokens, "
+                    f"but {source} asks for {own} after a prompt of {fixed + answers}. Lower it."
+                )
+        deepest = 2 + max([*labels, *[8 + (f.max_tokens or limit) for f in open_fields]]) + answers
+        if fixed + deepest > window:
+            raise ContextError(
+                f"Schema {schema.title!r}: expected its prompt to fit the model's window of {window} tokens, but the "
+                f"instructions take {len(plan.prompt.head_ids)} tokens and the answers up to {deepest}. Use fewer "
+                "labels or fields."
+            )
+        if prompt_tokens + deepest > window:
+            raise ContextError(
+                f"Context: expected the prompt to fit the model's window of {window} tokens, but it needs "
+                f"{prompt_tokens} tokens (plus up to {deepest} for the answers). Shorten the text."
+            )
+
+    def _budget_bytes(self) -> int:
+        budget_mb = self.options.memory_budget_mb or self.backend.default_memory_budget_mb
+        return int(budget_mb * 2**20)
+
+    def _fit(self, past: int, budget: int, *, extra: int = 0) -> int:
+        """The most new tokens one pass after ``past`` can feed within ``budget`` (0 when none fits)."""
+        return _largest(lambda n: self.backend.pass_bytes(past=past, new=n + extra, rows=extra + 1) <= budget)
+
+    def _over_budget(self, budget: int, what: str) -> LimitError:
+        return LimitError(
+            f"Memory budget: expected {what} to fit the budget of {budget / 2**20:.0f} MiB per pass, but not even "
+            "one token does. Raise memory_budget_mb or shorten the text."
+        )
+
+    # ------------------------------------------------------------------------------------------ caches and passes
+
+    def _lookup_head(self, schema: Schema) -> tuple[_Plan, Prefix | None]:
+        """The schema's cached head, or its plan and ``None`` when it must be prefilled (nothing is cached yet)."""
+        with self._lock:
+            hit = self._heads.get(schema.fingerprint)
+            if hit is not None:
+                self._heads.move_to_end(schema.fingerprint)
+                return hit
         prompt = ChatPrompt.build(self.tokenizer, schema)
         tail0, skip = tail_tokens(self.tokenizer, prompt.boundary_text, prompt.tail_text)
-        plan = _Plan(prompt, tuple(tail0[skip:]))
-        tick = time.perf_counter()
-        prefix = self.backend.prefill(prompt.head_ids)
-        phases["prefill"] += (time.perf_counter() - tick) * 1000
-        self._heads[key] = (plan, prefix)
-        while len(self._heads) > self.options.head_cache_size:
-            self._heads.popitem(last=False)
-        return plan, prefix
+        return _Plan(prompt, tuple(tail0[skip:])), None
 
-    def _compile(self, schema: Schema, fields: Sequence[Any], tail_text: str) -> CompiledWave:
-        prompt = self._heads[schema.fingerprint][0].prompt
+    def _prefill(self, schema: Schema, plan: _Plan, budget: int, phases: dict[str, float]) -> Prefix:
+        """Prefill the head in causal chunks that fit the budget, then cache it (only once it has succeeded)."""
+        head = plan.prompt.head_ids
+        chunk = self._fit(len(head), budget)
+        if chunk < 1 and head:
+            raise self._over_budget(budget, "the schema's instructions")
+        tick = time.perf_counter()
+        prefix = self.backend.prefill(head, chunk=chunk if chunk < len(head) else None)
+        phases["prefill"] += (time.perf_counter() - tick) * 1000
+        with self._lock:
+            self._heads[schema.fingerprint] = (plan, prefix)
+            while len(self._heads) > self.options.head_cache_size:
+                self._heads.popitem(last=False)
+        return prefix
+
+    def _fit_causal(self, request: _Request, *, extra: int, keep: int) -> None:
+        """Feed the pending causal tokens ahead, in chunks that fit the budget, when they would not fit in one pass
+        with ``extra`` tree tokens; ``keep`` tokens stay pending (a tree reads its root from the last one)."""
+        state, budget = request.state, request.budget
+        if self.backend.pass_bytes(past=state.length, new=len(request.pending) + extra, rows=extra + 1) > budget:
+            self._feed_ahead(request, keep=keep)
+            if self.backend.pass_bytes(past=state.length, new=len(request.pending) + extra, rows=extra + 1) > budget:
+                raise self._over_budget(budget, "one root-to-leaf chain of the answers")
+
+    def _feed_ahead(self, request: _Request, *, keep: int) -> None:
+        """Feed all pending causal tokens but the last ``keep`` into the state, in chunks that fit the budget."""
+        while len(request.pending) > keep:
+            chunk = min(self._fit(request.state.length, request.budget), len(request.pending) - keep)
+            if chunk < 1:
+                raise self._over_budget(request.budget, "the text")
+            request.watch.check("a document pass")
+            self.backend.score_tree(request.state, causal=request.pending[:chunk], batch=_EMPTY)
+            request.pending = request.pending[chunk:]
+
+    def _compile(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[Any], tail_text: str) -> CompiledWave:
         return self._cached(
             self._waves,
             (schema.fingerprint, tail_text, tuple(f.name for f in fields)),
             lambda: compile_wave(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text),
         )
 
-    def _rows(self, schema: Schema, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
-        prompt = self._heads[schema.fingerprint][0].prompt
+    def _rows(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
         return self._cached(
             self._row_plans,
             (schema.fingerprint, tail_text, tuple(f.name for f in fields)),
@@ -395,62 +607,49 @@ class Engine:
         )
 
     def _cached(self, store: OrderedDict[Any, _T], key: Any, build: Callable[[], _T]) -> _T:
-        """A bounded LRU lookup: ``store[key]``, built by ``build`` on a miss."""
-        hit = store.get(key)
-        if hit is not None:
-            store.move_to_end(key)
-            return hit
-        value = store[key] = build()
-        while len(store) > 64 * self.options.head_cache_size:
-            store.popitem(last=False)
+        """A bounded LRU lookup: ``store[key]``, built by ``build`` on a miss (outside the lock)."""
+        with self._lock:
+            hit = store.get(key)
+            if hit is not None:
+                store.move_to_end(key)
+                return hit
+        value = build()
+        with self._lock:
+            store[key] = value
+            while len(store) > 64 * self.options.head_cache_size:
+                store.popitem(last=False)
         return value
 
-    @staticmethod
-    def _extend(
-        pending: list[int],
-        committed: tuple[int, ...],
-        tail_ids: Sequence[int],
-        causal_len: int,
-        *,
-        where: str,
-        need_new: bool,
-    ) -> tuple[list[int], tuple[int, ...]]:
-        """Append the tail tokens a compiled wave or row plan needs after what the state already holds.
-
-        ``need_new``: a scored tree reads its root distribution from the last new token, so it needs one; open
-        rows start from their own prefix tokens and do not."""
-        if tuple(tail_ids[: len(committed)]) != committed or causal_len < len(committed):
-            raise PromptAlignmentError(
-                f"{where}: expected the written answers to extend the tail's tokens, but they re-tokenized the text "
-                "before them."
-            )
-        pending = [*pending, *tail_ids[len(committed) : causal_len]]
-        if not pending and need_new:
-            raise PromptAlignmentError(
-                f"{where}: expected new prompt tokens before the tree (the root distribution is read from the last "
-                "one), but the written answers added none."
-            )
-        return pending, tuple(tail_ids[:causal_len])
-
     def _passes(self, wave: CompiledWave, max_nodes: int) -> list[TreeBatch]:
-        key = (id(wave), max_nodes)
-        hit = self._pass_plans.get(key)
-        if hit is None or hit[0] is not wave:
-            hit = (wave, plan_passes(wave.tree, max_nodes=max_nodes))
-            self._pass_plans[key] = hit
-            while len(self._pass_plans) > 64 * self.options.head_cache_size:
-                self._pass_plans.popitem(last=False)
-        return hit[1]
+        plan = self._cached(
+            self._pass_plans, (id(wave), max_nodes), lambda: (wave, plan_passes(wave.tree, max_nodes=max_nodes))
+        )
+        if plan[0] is not wave:  # an id reused after its wave was evicted
+            plan = (wave, plan_passes(wave.tree, max_nodes=max_nodes))
+            with self._lock:
+                self._pass_plans[(id(wave), max_nodes)] = plan
+        return plan[1]
 
     def _max_nodes(self, past: int, causal: int, budget: int) -> int:
-        lo, hi = 1, 1 << 16
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.backend.pass_bytes(past=past, new=causal + mid, rows=mid + 1) <= budget:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        """The most tree nodes a pass with ``causal`` tokens after ``past`` can feed within ``budget`` (>= 1)."""
+        fits = _largest(lambda n: self.backend.pass_bytes(past=past, new=causal + n, rows=n + 1) <= budget)
+        return max(1, fits)
+
+    def _tree_passes(self, request: _Request, wave: CompiledWave) -> list[TreeBatch]:
+        """The wave's passes within the budget. The document block rides in the first pass unless feeding it
+        ahead (in causal chunks) saves passes, or is the only way one root-to-leaf chain fits beside it."""
+        packed = wave.tree.packed
+        longest = 1 + max((wave.tree.depths[n] for n in packed), default=0)
+        self._fit_causal(request, extra=longest, keep=1)
+        past, pending = request.state.length, len(request.pending)
+        passes = self._passes(wave, self._max_nodes(past, pending, request.budget))
+        if len(passes) > 1 and pending > 1:
+            ahead = self._passes(wave, self._max_nodes(past + pending - 1, 1, request.budget))
+            chunks = -(-(pending - 1) // max(1, self._fit(past, request.budget)))
+            if chunks + len(ahead) < len(passes):
+                self._feed_ahead(request, keep=1)
+                passes = ahead
+        return passes
 
     def _multi_result(
         self, spec: FieldSpec, decisions: Sequence[Decision], wave: int, warnings: list[str]

@@ -11,10 +11,13 @@ __all__ = [
     "ContextError",
     "DatasetError",
     "InputError",
+    "LimitError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
     "PromptAlignmentError",
+    "RequestCancelled",
+    "RequestTimeout",
     "SchemaError",
 ]
 
@@ -59,3 +62,18 @@ class BackendUnavailableError(PCDError, ImportError):
 
 class OptionError(PCDError, ValueError):
     """An option passed to pcd is out of range or unknown."""
+
+
+class LimitError(PCDError, ValueError):
+    """A request exceeds a limit: the memory budget, the labels or generated tokens allowed per request.
+
+    Raised before any model work where the size is known up front, so nothing is half-done or cached.
+    """
+
+
+class RequestCancelled(PCDError):
+    """A request was cancelled (its client went away); the work stopped at the next pass boundary."""
+
+
+class RequestTimeout(RequestCancelled):
+    """A request ran past its time limit; the work stopped at the next pass boundary."""

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Sequence
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,17 +130,20 @@ def compile_rows(
 
 
 class Grammars:
-    """llguidance grammars and matchers for a tokenizer, compiled once per (value schema, lead).
+    """llguidance grammars and matchers for a tokenizer, compiled once per (value schema, lead); thread-safe.
 
     Args:
         tokenizer: The model's Hugging Face fast tokenizer. Masks cover its vocabulary; a wider model output
             is masked beyond it (see :func:`_allowed`).
+        capacity: How many grammars to keep; the least recently used are dropped.
     """
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, *, capacity: int = 256) -> None:
         self._hf = tokenizer
         self._tok: Any = None
-        self._grammars: dict[tuple[str, str], str] = {}
+        self._capacity = capacity
+        self._grammars: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._lock = threading.Lock()
 
     @staticmethod
     def _llg() -> Any:
@@ -155,10 +160,11 @@ class Grammars:
     @property
     def tokenizer(self) -> Any:
         """The llguidance tokenizer (built on first use, about half a second)."""
-        if self._tok is None:
-            llg = self._llg()
-            self._tok = llg.hf.from_tokenizer(self._hf)
-        return self._tok
+        with self._lock:
+            if self._tok is None:
+                llg = self._llg()
+                self._tok = llg.hf.from_tokenizer(self._hf)
+            return self._tok
 
     def grammar(self, spec: FieldSpec, lead: str = "") -> str:
         """The Lark grammar of one row: ``lead``, a space, the value under its JSON Schema, then a comma.
@@ -167,9 +173,11 @@ class Grammars:
             SchemaError: If llguidance cannot compile the field's JSON Schema.
         """
         key = (spec.schema_json or "", lead)
-        hit = self._grammars.get(key)
-        if hit is not None:
-            return hit
+        with self._lock:
+            hit = self._grammars.get(key)
+            if hit is not None:
+                self._grammars.move_to_end(key)
+                return hit
         llg = self._llg()
         value = {**spec.value_schema, "x-guidance": _JSON_STYLE}
         head = f"{json.dumps(lead)} " if lead else ""
@@ -181,8 +189,14 @@ class Grammars:
                 f"Field {spec.name!r}: expected a JSON Schema the constrained generator can honour, but llguidance "
                 f"rejected it: {detail}. Remove the unsupported keyword."
             )
-        self._grammars[key] = text
+        with self._lock:  # least recently used grammars go first: a server sees new schemas all day
+            self._grammars[key] = text
+            while len(self._grammars) > self._capacity:
+                self._grammars.popitem(last=False)
         return text
+
+    def __len__(self) -> int:
+        return len(self._grammars)
 
     def matcher(self, spec: FieldSpec, lead: str = "") -> Any:
         """A fresh matcher for one row."""
@@ -295,6 +309,7 @@ def generate_open(
     grammars: Grammars,
     tokenizer: TokenizerView,
     max_tokens: int,
+    check: Callable[[], None] | None = None,
 ) -> list[Generated]:
     """Generate every open field's value in parallel rows on top of ``state``.
 
@@ -307,6 +322,8 @@ def generate_open(
         grammars: The grammar cache.
         tokenizer: The model's tokenizer, to decode the values.
         max_tokens: Default token limit per value; a field's own ``max_tokens`` wins.
+        check: Called before every pass after the first (it raises to stop the rows: a time limit, a
+            cancelled request).
 
     Returns:
         One generated value per field, in order.
@@ -315,5 +332,14 @@ def generate_open(
         _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
         for spec, lead in zip(fields, plan.leads, strict=True)
     ]
-    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=lambda r, lp: _choose(rows[r], lp))
+    seen: set[int] = set()
+
+    def choose(r: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
+        if check is not None and r in seen:  # a row seen again means a new pass has run: a pass boundary
+            seen.clear()
+            check()
+        seen.add(r)
+        return _choose(rows[r], logprobs)
+
+    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=choose)
     return [_finish(row, tokenizer, lead) for row, lead in zip(rows, plan.leads, strict=True)]

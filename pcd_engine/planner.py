@@ -8,6 +8,7 @@ several passes only when one would exceed the memory budget.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -111,6 +112,30 @@ class TreeBatch:
         visible[causal:, past + causal :] = ancestors
         return visible, qpos, kpos
 
+    def visibility_of(self, past: int, nodes: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The rows of ``visibility(past, 0)`` for ``nodes`` only, without building the whole matrix.
+
+        A growing tree (open rows) feeds only its newest nodes each pass; their rows cost
+        ``len(nodes) x (past + tree)`` booleans and a walk up each node's ancestors, where the whole matrix would
+        cost ``tree x (past + tree)``.
+
+        Args:
+            past: Tokens in the cache before the tree (the causal block included).
+            nodes: The fed nodes, in feeding order.
+
+        Returns:
+            ``(visible, qpos, kpos)`` as in :meth:`visibility`, with one query row per node of ``nodes``.
+        """
+        depths = np.asarray(self.depths, dtype=np.int64)
+        visible = np.zeros((len(nodes), past + len(self.tokens)), dtype=bool)
+        visible[:, :past] = True
+        for row, node in enumerate(nodes):
+            while node >= 0:
+                visible[row, past + node] = True
+                node = self.parents[node]
+        kpos = np.concatenate([np.arange(past), past + depths])
+        return visible, past + depths[list(nodes)], kpos
+
     def chains(self) -> tuple[list[list[int]], dict[int, tuple[int, int]]]:
         """The batch as root-to-leaf chains of rows, for scorers that feed one chain per batch row.
 
@@ -152,17 +177,15 @@ def plan_passes(tree: TokenTree, *, max_nodes: int) -> list[TreeBatch]:
     for node, parent in enumerate(tree.parents):
         children.setdefault(parent, []).append(node)
     chains: list[list[int]] = []
-
-    def dfs(node: int, chain: list[int]) -> None:
+    # Depth first without recursion: a label of a thousand tokens is a chain a thousand nodes deep.
+    stack: list[tuple[int, list[int]]] = [(kid, []) for kid in reversed(children.get(-1, []))]
+    while stack:
+        node, chain = stack.pop()
         kids = children.get(node, [])
         if not kids:
             chains.append(chain)
-            return
-        for kid in kids:
-            dfs(kid, [*chain, node])
-
-    for root_child in children.get(-1, []):
-        dfs(root_child, [])
+            continue
+        stack.extend((kid, [*chain, node]) for kid in reversed(kids))
     limit = max(max_nodes, max((len(c) for c in chains), default=1))
     groups: list[list[int]] = []
     current: dict[int, None] = {}

@@ -45,8 +45,13 @@ class TokenizerView:
         self.added_text = {int(i): str(getattr(t, "content", t)) for i, t in decoder.items()}
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of ``text`` with no BOS/EOS added."""
+        """Token ids of ``text`` with no BOS/EOS added; control strings (``<|im_end|>``) become control tokens."""
         return list(self.hf(text, add_special_tokens=False)["input_ids"])
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of ``text`` read as plain text: a control string in it (``<|im_start|>system``) is split
+        into ordinary tokens, so a document cannot open a turn of its own."""
+        return list(self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, with no BOS/EOS added."""
@@ -190,6 +195,10 @@ class ChatPrompt:
         boundary_text: The special token where the tail starts, or ``""`` when the template has none.
         tail_text: The text after ``boundary_text`` up to the end of ``suffix_text``.
         system_folded: True when the template has no system role and the instructions went into the user turn.
+        plain_from: Where, in ``prefix_text``, the plain-text stretch around the document starts: just after the
+            template's last control token before it (0 when there is none).
+        plain_until: Where, in ``suffix_text``, that stretch ends: at the template's first control token after
+            the document (its length when there is none).
     """
 
     prefix_text: str
@@ -198,6 +207,8 @@ class ChatPrompt:
     boundary_text: str
     tail_text: str
     system_folded: bool
+    plain_from: int = 0
+    plain_until: int = -1
 
     @classmethod
     def build(cls, tokenizer: TokenizerView, schema: Schema) -> ChatPrompt:
@@ -207,30 +218,56 @@ class ChatPrompt:
         is switched off with ``enable_thinking=False``.
         """
         system = render_instructions(schema)
-        text, folded = _render(tokenizer, system, _SENTINEL)
-        at = text.index(_SENTINEL)
-        prefix_text, suffix_text = text[:at], text[at + len(_SENTINEL) :] + "{"
+        sentinel = _SENTINEL
+        while sentinel in system:  # a description may quote the sentinel; the document goes where ours is
+            sentinel += "X"
+        text, folded = _render(tokenizer, system, sentinel)
+        if text.count(sentinel) != 1:
+            raise PromptAlignmentError(
+                "Chat template: expected the user's text to appear once in the rendered prompt, but it appears "
+                f"{text.count(sentinel)} times."
+            )
+        at = text.index(sentinel)
+        prefix_text, suffix_text = text[:at], text[at + len(sentinel) :] + "{"
         ids, offsets = tokenizer.encode_with_offsets(text)
         # The head ends one token before the document, so a merge at the seam cannot move its boundary.
         inside = sum(1 for _, end in offsets if end <= at)
         head = tuple(ids[: max(0, inside - 1)])
         boundary, tail = "", suffix_text
-        for i, tok in enumerate(ids):
-            if tok in tokenizer.added_ids and offsets[i][0] >= at + len(_SENTINEL):
-                boundary_start, boundary_end = offsets[i]
+        after = at + len(sentinel)
+        controls = [(offsets[i], tok) for i, tok in enumerate(ids) if tok in tokenizer.added_ids]
+        for (boundary_start, boundary_end), tok in controls:
+            if boundary_start >= after:
                 boundary = (
                     text[boundary_start:boundary_end] if boundary_end > boundary_start else tokenizer.added_text[tok]
                 )
                 tail = (text + "{")[boundary_start + len(boundary) :]
-        return cls(prefix_text, suffix_text, head, boundary, tail, folded)
+        plain_from = max((end for (_start, end), _tok in controls if end <= at), default=0)
+        plain_until = min((start for (start, _end), _tok in controls if start >= after), default=len(text) + 1) - after
+        return cls(prefix_text, suffix_text, head, boundary, tail, folded, plain_from, plain_until)
 
-    def request_ids(self, tokenizer: TokenizerView, document: str) -> list[int]:
+    def request_ids(self, tokenizer: TokenizerView, document: str, *, special_tokens: bool = False) -> list[int]:
         """Token ids of the full prompt for ``document``, checked to start with the cached head.
+
+        Args:
+            tokenizer: The model's tokenizer.
+            document: The text to classify.
+            special_tokens: Read control strings in the document as control tokens. By default the document is
+                plain text, tokenized apart from the template around it, so that ``<|im_end|>`` in a document
+                cannot end its turn.
 
         Raises:
             PromptAlignmentError: If the document changed how the head tokenizes.
         """
-        ids = tokenizer.encode(self.prefix_text + document + self.suffix_text)
+        if special_tokens:
+            ids = tokenizer.encode(self.prefix_text + document + self.suffix_text)
+        else:
+            # The template's control tokens bound the stretch around the document, so tokenizing the stretch
+            # alone (as plain text) gives the same tokens as the whole prompt would, bar control strings.
+            until = len(self.suffix_text) if self.plain_until < 0 else self.plain_until
+            stretch = self.prefix_text[self.plain_from :] + document + self.suffix_text[:until]
+            ids = tokenizer.encode(self.prefix_text[: self.plain_from]) + tokenizer.encode_plain(stretch)
+            ids += tokenizer.encode(self.suffix_text[until:])
         if tuple(ids[: len(self.head_ids)]) != self.head_ids:
             raise PromptAlignmentError(
                 "Prompt head: expected the request to start with the cached schema head tokens, but the document "

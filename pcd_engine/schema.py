@@ -30,13 +30,26 @@ import collections.abc
 import enum
 import hashlib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, Union
 
+from pcd_engine.constraints import (
+    MAX_INT_LABELS,
+    MAX_SCHEMA_DEPTH,
+    WideRange,
+    check_depth,
+    check_keywords,
+    filter_values,
+    int_values,
+    is_valid,
+    number_bound,
+    too_deep,
+)
 from pcd_engine.errors import SchemaError
 
 __all__ = [
@@ -50,8 +63,6 @@ __all__ = [
 ]
 
 LabelValue = str | int | bool | None
-# A bounded integer field becomes one label per value; wider ranges need a Literal of the values that matter.
-MAX_INT_LABELS = 256
 _PRESET_TYPES = ("enum", "boolean", "multi", "string")
 _PRESET_KEYS = {
     "boolean": {"type", "description", "depends_on"},
@@ -149,9 +160,7 @@ class FieldSpec:
                 return False
             return self.min_items <= len(items) and (self.max_items is None or len(items) <= self.max_items)
         if self.kind == "open":
-            import jsonschema
-
-            return bool(jsonschema.Draft202012Validator(self.value_schema).is_valid(value))
+            return is_valid(self.value_schema, value)
         return self._is_label(value)
 
     def read(self, value: Any) -> Any:
@@ -274,7 +283,11 @@ def _labels(values: Sequence[Any], *, field_name: str) -> tuple[Label, ...]:
                 f"Field {field_name!r}: expected distinct allowed values, but got {v!r} {how}. Remove the duplicate."
             )
         seen[key] = v
-    return labels
+    # `1` may also be written "1", but when the string "1" is a label of its own that text is its answer.
+    owned = {label.surfaces[0] for label in labels}
+    return tuple(
+        Label(label.value, (label.surfaces[0], *(t for t in label.surfaces[1:] if t not in owned))) for label in labels
+    )
 
 
 def _boolean(name: str, description: str | None, depends_on: Sequence[str] = ()) -> FieldSpec:
@@ -310,10 +323,12 @@ def _open_field(
     return FieldSpec(name, "open", (), description, tuple(depends_on), schema_json=text, max_tokens=max_tokens)
 
 
-def _inline(node: Any, root: Mapping[str, Any], *, field_name: str, trail: tuple[str, ...]) -> Any:
+def _inline(node: Any, root: Mapping[str, Any], *, field_name: str, trail: tuple[str, ...], depth: int = 0) -> Any:
     """``node`` with every local ``$ref`` replaced by its target; a reference to itself is a recursive model."""
+    if depth > MAX_SCHEMA_DEPTH:
+        raise too_deep(field_name)
     if isinstance(node, list):
-        return [_inline(v, root, field_name=field_name, trail=trail) for v in node]
+        return [_inline(v, root, field_name=field_name, trail=trail, depth=depth + 1) for v in node]
     if not isinstance(node, Mapping):
         return node
     if "$ref" in node:
@@ -327,8 +342,12 @@ def _inline(node: Any, root: Mapping[str, Any], *, field_name: str, trail: tuple
             )
         target = _resolve({"$ref": ref}, root, field_name=field_name)
         merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-        return _inline(merged, root, field_name=field_name, trail=(*trail, ref))
-    return {k: _inline(v, root, field_name=field_name, trail=trail) for k, v in node.items() if k != "$defs"}
+        return _inline(merged, root, field_name=field_name, trail=(*trail, ref), depth=depth)
+    return {
+        k: _inline(v, root, field_name=field_name, trail=trail, depth=depth + 1)
+        for k, v in node.items()
+        if k != "$defs"
+    }
 
 
 _ANNOTATION_KEYS = {"title", "description", "default", "examples", "x-max-tokens", "deprecated", "readOnly"}
@@ -374,32 +393,32 @@ def _check_constrained(name: str, node: Any, *, where: str) -> None:
 # ---------------------------------------------------------------------------------------------------- pydantic
 
 
-def _int_range(name: str, lo: Any, hi: Any) -> list[int]:
-    """The integers of a bounded range of at most :data:`MAX_INT_LABELS` values; wider or open ones are open."""
-    if lo is None or hi is None:
-        raise _NotClosed
-    values = list(range(int(lo), int(hi) + 1))
-    if not values:
-        raise SchemaError(f"Field {name!r}: expected a non-empty integer range, but got {lo}..{hi}.")
-    if len(values) > MAX_INT_LABELS:
-        raise _NotClosed
-    return values
+def _int_range(name: str, lo: Any, hi: Any, step: Any = None) -> list[int]:
+    """The integers of a bounded range of at most :data:`MAX_INT_LABELS` values (counted before any is built);
+    wider or open ones are open."""
+    try:
+        return list(int_values(name, lo, hi, step=step))
+    except WideRange:
+        raise _NotClosed from None
 
 
-def _bounds(metadata: Sequence[Any]) -> tuple[Any, Any]:
-    """Inclusive integer bounds from Pydantic / annotated-types constraints (ge, gt, le, lt, Interval)."""
-    lo = hi = None
+def _bounds(name: str, metadata: Sequence[Any]) -> tuple[Any, Any, Any]:
+    """Inclusive bounds and the step from Pydantic / annotated-types constraints (ge, gt, le, lt, Interval,
+    multiple_of); an exclusive bound moves to the next integer inside."""
+    lo = hi = step = None
     for item in metadata:
         for inner in [item, *getattr(item, "metadata", ())]:
             if getattr(inner, "ge", None) is not None:
-                lo = inner.ge
+                lo = number_bound(name, "ge", inner.ge)
             if getattr(inner, "gt", None) is not None:
-                lo = inner.gt + 1
+                lo = math.floor(number_bound(name, "gt", inner.gt)) + 1
             if getattr(inner, "le", None) is not None:
-                hi = inner.le
+                hi = number_bound(name, "le", inner.le)
             if getattr(inner, "lt", None) is not None:
-                hi = inner.lt - 1
-    return lo, hi
+                hi = math.ceil(number_bound(name, "lt", inner.lt)) - 1
+            if getattr(inner, "multiple_of", None) is not None:
+                step = inner.multiple_of
+    return lo, hi, step
 
 
 def _lengths(metadata: Sequence[Any]) -> tuple[int, int | None]:
@@ -424,6 +443,9 @@ def _multi(
     max_items: Any = None,
 ) -> FieldSpec:
     labels = _labels(list(values), field_name=name)
+    for key, bound in (("min_items", min_items), ("max_items", max_items)):
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int)):
+            raise SchemaError(f"Field {name!r}: expected {key} to be an integer, but got {bound!r}.")
     lo = int(min_items or 0)
     hi = None if max_items is None else int(max_items)
     if lo < 0 or (hi is not None and (hi < lo or hi < 1)) or lo > len(labels):
@@ -467,7 +489,7 @@ def _from_annotation(name: str, annotation: Any, description: str | None, metada
     if annotation is bool:
         return _boolean(name, description)
     if annotation is int:
-        return _enum(name, _int_range(name, *_bounds(metadata)), description)
+        return _enum(name, _int_range(name, *_bounds(name, metadata)), description)
     if origin is Literal:
         values = typing.get_args(annotation)
         if values and all(isinstance(v, bool) for v in values):
@@ -487,7 +509,8 @@ def _from_pydantic(model: type) -> Schema:
     for name, info in model.model_fields.items():  # type: ignore[attr-defined]
         key = info.alias or name
         try:
-            specs.append(_from_annotation(key, info.annotation, info.description, info.metadata))
+            spec = _from_annotation(key, info.annotation, info.description, info.metadata)
+            specs.append(_constrain_pydantic(spec, info.annotation, info.metadata))
         except _NotClosed:
             if root is None:
                 root = _model_json_schema(model, key)
@@ -496,6 +519,40 @@ def _from_pydantic(model: type) -> Schema:
     if doc is not None:
         doc = _clean_doc(doc)
     return _finish(model.__name__, doc, specs, model=model)
+
+
+def _constrain_pydantic(spec: FieldSpec, annotation: Any, metadata: Sequence[Any]) -> FieldSpec:
+    """Keep the labels that the field's own Pydantic validation accepts (``multiple_of``, string constraints,
+    anything its metadata adds); a multi-label field's values are checked against its item type."""
+    from pydantic import TypeAdapter, ValidationError
+
+    target: Any = typing.Annotated[(annotation, *metadata)] if metadata else annotation
+    if spec.kind == "multi":
+        inner = annotation
+        while typing.get_origin(inner) is typing.Annotated:
+            inner = typing.get_args(inner)[0]
+        args = typing.get_args(inner)
+        if len(args) != 1:
+            return spec
+        target = args[0]
+    try:
+        adapter = TypeAdapter(target)
+    except Exception:  # noqa: BLE001 - an annotation Pydantic cannot adapt alone is checked by the model itself
+        return spec
+    kept = []
+    for label in spec.labels:
+        try:
+            adapter.validate_python(label.value)
+        except ValidationError:
+            continue
+        kept.append(label)
+    if not kept or (spec.kind == "multi" and len(kept) < spec.min_items):
+        shown = ", ".join(repr(v) for v in spec.values[:5]) + (", ..." if len(spec.labels) > 5 else "")
+        raise SchemaError(
+            f"Field {spec.name!r}: expected allowed values that satisfy the field's constraints, but too few of "
+            f"[{shown}] do. Loosen the constraints or change the values."
+        )
+    return spec if len(kept) == len(spec.labels) else replace(spec, labels=tuple(kept))
 
 
 def _model_json_schema(model: Any, field_name: str) -> dict[str, Any]:
@@ -547,13 +604,36 @@ def _resolve(node: Mapping[str, Any], root: Mapping[str, Any], *, field_name: st
 def _from_json_property(name: str, node: Mapping[str, Any], root: Mapping[str, Any]) -> FieldSpec:
     if not isinstance(node, Mapping):
         raise SchemaError(f"Field {name!r}: expected a JSON Schema object, but got {type(node).__name__}.")
+    check_depth(name, node)
     resolved = _resolve(node, root, field_name=name)
     description = resolved.get("description")
+    if description is not None and not isinstance(description, str):
+        raise SchemaError(f"Field {name!r}: expected 'description' to be a string, but got {description!r}.")
     depends_on = resolved.get("x-depends-on", ())
     try:
-        return _closed_json(name, resolved, root, description, depends_on)
+        spec = _closed_json(name, resolved, root, description, depends_on)
     except _NotClosed:
         return _open_field(name, node, root, description, depends_on)
+    return _constrain_json(spec, _inline(node, root, field_name=name, trail=()))
+
+
+def _constrain_json(spec: FieldSpec, node: Mapping[str, Any]) -> FieldSpec:
+    """Keep the labels that satisfy every keyword of the field's schema; refuse keywords nobody checks."""
+    check_keywords(spec.name, node, multi=spec.kind == "multi")
+    if spec.kind == "multi":
+        items = node.get("items", {})
+        kept = filter_values(spec.name, spec.values, items if isinstance(items, Mapping) else {})
+    else:
+        kept = filter_values(spec.name, spec.values, node)
+    if len(kept) == len(spec.labels):
+        return spec
+    labels = tuple(l for l in spec.labels if any(type(v) is type(l.value) and v == l.value for v in kept))
+    if spec.kind == "multi" and spec.min_items > len(labels):
+        raise SchemaError(
+            f"Field {spec.name!r}: expected at least min_items={spec.min_items} values to satisfy the items' "
+            f"constraints, but only {len(labels)} do."
+        )
+    return replace(spec, labels=labels)
 
 
 def _closed_json(
@@ -599,12 +679,19 @@ def _closed_json(
 
 
 def _json_int_range(name: str, node: Mapping[str, Any]) -> list[int]:
-    lo, hi = node.get("minimum"), node.get("maximum")
-    if node.get("exclusiveMinimum") is not None:
-        lo = int(node["exclusiveMinimum"]) + 1
-    if node.get("exclusiveMaximum") is not None:
-        hi = int(node["exclusiveMaximum"]) - 1
-    return _int_range(name, lo, hi)
+    bounds = {
+        k: number_bound(name, k, node.get(k)) for k in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+    }
+    lo, hi = bounds["minimum"], bounds["maximum"]
+    low_open = high_open = False
+    if bounds["exclusiveMinimum"] is not None and (lo is None or bounds["exclusiveMinimum"] >= lo):
+        lo, low_open = bounds["exclusiveMinimum"], True
+    if bounds["exclusiveMaximum"] is not None and (hi is None or bounds["exclusiveMaximum"] <= hi):
+        hi, high_open = bounds["exclusiveMaximum"], True
+    try:
+        return list(int_values(name, lo, hi, step=node.get("multipleOf"), exclusive=(low_open, high_open)))
+    except WideRange:
+        raise _NotClosed from None
 
 
 def _json_values(name: str, option: Mapping[str, Any], root: Mapping[str, Any]) -> list[Any]:
@@ -617,6 +704,7 @@ def _json_values(name: str, option: Mapping[str, Any], root: Mapping[str, Any]) 
 
 
 def _from_json_schema(schema: Mapping[str, Any]) -> Schema:
+    check_depth("<root>", schema)
     root = schema
     schema = _resolve(schema, root, field_name="<root>")
     props = schema.get("properties")
@@ -657,9 +745,11 @@ def _from_preset(preset: Mapping[str, Any], *, title: str, description: str | No
             raise SchemaError(
                 f"Field {name!r}: expected depends_on to be a list of field names, but got {depends_on!r}."
             )
-        description = spec.get("description")
+        about = spec.get("description")
+        if about is not None and not isinstance(about, str):
+            raise SchemaError(f"Field {name!r}: expected 'description' to be a string, but got {about!r}.")
         if kind == "boolean":
-            specs.append(_boolean(name, description, depends_on))
+            specs.append(_boolean(name, about, depends_on))
         elif kind in ("enum", "multi"):
             choices = spec.get("choices")
             if not isinstance(choices, list):
@@ -668,16 +758,16 @@ def _from_preset(preset: Mapping[str, Any], *, title: str, description: str | No
                     f"{type(choices).__name__}."
                 )
             if kind == "enum":
-                specs.append(_enum(name, choices, description, depends_on))
+                specs.append(_enum(name, choices, about, depends_on))
             else:
                 bounds = {"min_items": spec.get("min_items"), "max_items": spec.get("max_items")}
-                specs.append(_multi(name, choices, description, depends_on, **bounds))
+                specs.append(_multi(name, choices, about, depends_on, **bounds))
         elif kind == "string":
             node: dict[str, Any] = {"type": "string"}
             for key, json_key in (("max_length", "maxLength"), ("pattern", "pattern"), ("max_tokens", "x-max-tokens")):
                 if spec.get(key) is not None:
                     node[json_key] = spec[key]
-            specs.append(_open_field(name, node, {}, description, depends_on))
+            specs.append(_open_field(name, node, {}, about, depends_on))
         else:
             raise SchemaError(
                 f"Field {name!r}: expected type 'enum', 'boolean', 'multi' or 'string', but got {kind!r}. Use a "
@@ -732,6 +822,14 @@ def _finish(title: str, description: str | None, specs: list[FieldSpec], *, mode
     if not specs:
         raise SchemaError(f"Schema {title!r}: expected at least one field, but got none.")
     names = [s.name for s in specs]
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise SchemaError(
+                f"Field {spec.name!r}: expected every key (field name or alias) to be unique, but two fields write "
+                f"{spec.name!r}; one answer would be lost. Give them distinct aliases."
+            )
+        seen.add(spec.name)
     for spec in specs:
         for dep in spec.depends_on:
             if dep == spec.name:

@@ -202,10 +202,11 @@ class OracleBackend(Backend):
     def max_context(self) -> int:
         return self._max_context
 
-    def prefill(self, ids: Sequence[int]) -> OraclePrefix:
-        if ids:
+    def prefill(self, ids: Sequence[int], *, chunk: int | None = None) -> OraclePrefix:
+        step = chunk or len(ids) or 1
+        for start in range(0, len(ids), step):
             self.forward_passes += 1
-            self.passes.append((len(ids), 0))
+            self.passes.append((len(ids[start : start + step]), 0))
         return OraclePrefix(tuple(ids))
 
     def start(self, prefix: Prefix) -> OracleState:

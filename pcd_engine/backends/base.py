@@ -12,21 +12,41 @@ A backend owns a model and its tokenizer and offers these operations, in this or
 5. :meth:`Backend.stream_greedy` writes text token by token (free text and the autoregressive baseline);
 6. :meth:`Backend.pass_bytes` estimates one pass's memory, so the engine can split very large trees.
 
-Every forward call is counted in :attr:`Backend.forward_passes`.
+Every forward call is counted in :attr:`Backend.forward_passes`, and per thread in :attr:`Backend.thread_passes`.
+
+Concurrency: one backend may be used from many threads. Every method that runs the model holds
+:attr:`Backend.model_lock` for the pass (a streamed or generated sequence takes it pass by pass), so requests
+interleave at pass boundaries and each pass sees only its own request's cache. Prefixes are read-only.
 """
 
 from __future__ import annotations
 
+import functools
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.planner import TreeBatch
 
-__all__ = ["Backend", "Chooser", "Prefix", "RequestState", "estimate_pass_bytes"]
+__all__ = ["Backend", "Chooser", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def serialized(method: _F) -> _F:
+    """Run a backend method under the backend's :attr:`Backend.model_lock` (one pass at a time per model)."""
+
+    @functools.wraps(method)
+    def wrapper(self: Backend, *args: Any, **kwargs: Any) -> Any:
+        with self.model_lock:
+            return method(self, *args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
 
 # Called with (row index, log-probabilities over the vocabulary); returns the row's next tokens (usually one; more
 # when a grammar forces what follows) and whether the row ends with them.
@@ -58,8 +78,40 @@ class Backend(ABC):
 
     name: str
     tokenizer: Any
-    forward_passes: int
     scorer: str
+
+    @property
+    def forward_passes(self) -> int:
+        """Model forward calls run so far by this backend, from every thread."""
+        return int(self.__dict__.get("_passes_total", 0))
+
+    @forward_passes.setter
+    def forward_passes(self, value: int) -> None:
+        # Backends count with ``self.forward_passes += 1``; the increase is also credited to the calling thread.
+        delta = int(value) - self.forward_passes
+        self.__dict__["_passes_total"] = int(value)
+        if delta > 0:
+            local = self._local()
+            local.passes = getattr(local, "passes", 0) + delta
+
+    @property
+    def thread_passes(self) -> int:
+        """Model forward calls run so far on the calling thread (what one request's statistics count)."""
+        return int(getattr(self._local(), "passes", 0))
+
+    @property
+    def model_lock(self) -> threading.RLock:
+        """The lock held while the model runs a pass."""
+        lock = self.__dict__.get("_model_lock")
+        if lock is None:
+            lock = self.__dict__.setdefault("_model_lock", threading.RLock())
+        return lock  # type: ignore[no-any-return]
+
+    def _local(self) -> threading.local:
+        local = self.__dict__.get("_thread_local")
+        if local is None:
+            local = self.__dict__.setdefault("_thread_local", threading.local())
+        return local  # type: ignore[no-any-return]
 
     @property
     @abstractmethod
@@ -67,11 +119,13 @@ class Backend(ABC):
         """The longest sequence, in tokens, the model accepts."""
 
     @abstractmethod
-    def prefill(self, ids: Sequence[int]) -> Prefix:
+    def prefill(self, ids: Sequence[int], *, chunk: int | None = None) -> Prefix:
         """Run ``ids`` through the model once and keep their KV cache.
 
         Args:
             ids: Token ids of the head; may be empty.
+            chunk: Feed at most this many tokens per pass (causally, one after another), so that a long head
+                stays within the memory budget; ``None`` feeds them all in one pass.
 
         Returns:
             A prefix that later requests start from.
@@ -160,12 +214,12 @@ class Backend(ABC):
         first = True
         while active:
             tree = TreeBatch(tuple(tokens), tuple(parents), tuple(depths), (), (), ())
-            visible, qpos, kpos = tree.visibility(past, len(causal) if first else 0)
             if first:
+                visible, qpos, kpos = tree.visibility(past, len(causal))
                 feed, read = causal + tokens, [len(causal) + ends[r] for r in active]
-            else:
+            else:  # only the new nodes' rows: the whole matrix would grow with every step
+                visible, qpos, kpos = tree.visibility_of(past, new)
                 offset = len(tokens) - len(new)
-                visible, qpos = visible[offset:], qpos[offset:]
                 feed, read = [tokens[n] for n in new], [ends[r] - offset for r in active]
             logprobs = self._grow_pass(cache, feed, visible, qpos, kpos, read)
             if first:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes
+from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
 from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
 from pcd_engine.planner import TreeBatch
 
@@ -337,17 +337,24 @@ class MLXBackend(Backend):
 
     # ------------------------------------------------------------------------------------------ contract
 
-    def prefill(self, ids: Sequence[int]) -> MLXPrefix:
-        """Run the head once and keep its cache: tree layers (packed), or the model's own caches (rows)."""
+    @serialized
+    def prefill(self, ids: Sequence[int], *, chunk: int | None = None) -> MLXPrefix:
+        """Run the head once (in causal chunks when ``chunk`` is given) and keep its cache: tree layers
+        (packed), or the model's own caches (rows)."""
         ids = tuple(int(i) for i in ids)
+        step = max(1, chunk or len(ids) or 1)
         if self.scorer == "rows":
-            return MLXPrefix(ids, self._extend_native(None, list(ids))[0], len(ids))
+            cache = self._extend_native(None, [])[0]
+            for start in range(0, len(ids), step):
+                cache = self._extend_native(cache, list(ids[start : start + step]))[0]
+            return MLXPrefix(ids, cache, len(ids))
         cache = self._new_cache()
-        if ids:
-            empty = TreeBatch((), (), (), (), (), ())
-            self._packed_pass(cache, 0, list(ids), empty)
+        empty = TreeBatch((), (), (), (), (), ())
+        for start in range(0, len(ids), step):
+            self._packed_pass(cache, start, list(ids[start : start + step]), empty)
         return MLXPrefix(ids, cache, len(ids))
 
+    @serialized
     def start(self, prefix: Prefix) -> MLXState:
         """Fork the prefix: tree layers share its arrays (they only ever concatenate); the rows scorer copies the
         model's own caches with ``from_state``, because a ``KVCache`` writes into its buffer in place."""
@@ -357,6 +364,7 @@ class MLXBackend(Backend):
             return MLXState(list(prefix.ids), self._copy_native(prefix.cache), prefix.length)
         return MLXState(list(prefix.ids), self._fork(prefix.cache), prefix.length)
 
+    @serialized
     def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
         """Append ``causal`` and read the tree's log-probabilities in one pass (see :class:`Backend`)."""
         if not isinstance(state, MLXState):
@@ -371,11 +379,13 @@ class MLXBackend(Backend):
         cache = make_prompt_cache(self.model)
         inputs = [int(i) for i in ids]
         for _ in range(max_new_tokens):
-            logits = self._forward(mx.array([inputs]), cache, keep=[len(inputs) - 1])
-            token = int(mx.argmax(logits[0, -1]).item())
+            with self.model_lock:
+                logits = self._forward(mx.array([inputs]), cache, keep=[len(inputs) - 1])
+                token = int(mx.argmax(logits[0, -1]).item())
             yield token
             inputs = [token]
 
+    @serialized
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
         mx = _mlx()
@@ -453,6 +463,7 @@ class MLXBackend(Backend):
         mx.eval(picked, [a for layer in cache for a in (layer.keys, layer.values)])
         return np.array(picked, dtype=np.float64)
 
+    @serialized
     def _grow_pass(
         self,
         cache: list[_TreeLayer],
@@ -535,6 +546,7 @@ class MLXBackend(Backend):
         picked = mx.stack([dists[row][token] for row, token in zip(batch.query_rows, batch.query_tokens, strict=True)])
         return np.array(picked, dtype=np.float64)
 
+    @serialized
     def _rows_start(self, state: MLXState, causal: list[int], rows: int) -> list[Any]:
         """Extend the state's own caches by ``causal``; return copies repeated over ``rows`` batch rows."""
         state.cache, _ = self._extend_native(state.cache, causal)
@@ -542,6 +554,7 @@ class MLXBackend(Backend):
         state.length += len(causal)
         return self._copy_native(state.cache, repeat=rows)
 
+    @serialized
     def _rows_step(self, cache: list[Any], tokens: list[int]) -> np.ndarray:
         """One token per batch row on the repeated caches (see :meth:`Backend._rows_step`)."""
         mx = _mlx()

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes
+from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
 from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
 from pcd_engine.planner import TreeBatch
 
@@ -147,16 +147,21 @@ class TorchBackend(Backend):
 
     # ------------------------------------------------------------------------------------------ contract
 
-    def prefill(self, ids: Sequence[int]) -> TorchPrefix:
-        """Run the head once and keep its cache: plain layers (packed), or the model's own cache (rows)."""
+    @serialized
+    def prefill(self, ids: Sequence[int], *, chunk: int | None = None) -> TorchPrefix:
+        """Run the head once (in causal chunks when ``chunk`` is given) and keep its cache: plain layers
+        (packed), or the model's own cache (rows)."""
         ids = tuple(int(i) for i in ids)
+        step = max(1, chunk or len(ids) or 1)
         if self.scorer == "rows":
-            return TorchPrefix(ids, self._extend_native(None, list(ids))[0], len(ids))
-        if not ids:
-            return TorchPrefix(ids, self._new_cache(), 0)
+            cache = None
+            for start in range(0, len(ids), step):
+                cache = self._extend_native(cache, list(ids[start : start + step]))[0]
+            return TorchPrefix(ids, cache, len(ids))
         cache = self._new_cache()
         empty = TreeBatch((), (), (), (), (), ())
-        self._packed_pass(cache, 0, list(ids), empty)
+        for start in range(0, len(ids), step):
+            self._packed_pass(cache, start, list(ids[start : start + step]), empty)
         return TorchPrefix(ids, cache, len(ids))
 
     def start(self, prefix: Prefix) -> TorchState:
@@ -169,6 +174,7 @@ class TorchBackend(Backend):
             return TorchState(list(prefix.ids), copy.deepcopy(prefix.cache), prefix.length)
         return TorchState(list(prefix.ids), self._fork(prefix.cache), prefix.length)
 
+    @serialized
     def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
         """Append ``causal`` and read the tree's log-probabilities in one pass (see :class:`Backend`)."""
         if not isinstance(state, TorchState):
@@ -183,7 +189,7 @@ class TorchBackend(Backend):
         cache = DynamicCache(config=self.model.config)
         inputs = torch.tensor([list(ids)], device=self._device)
         for _ in range(max_new_tokens):
-            with self._grad():
+            with self._grad(), self.model_lock:
                 logits = self.model(
                     input_ids=inputs, **{self._cache_kw: cache}, use_cache=True, logits_to_keep=1
                 ).logits
@@ -192,6 +198,7 @@ class TorchBackend(Backend):
             yield token
             inputs = torch.tensor([[token]], device=self._device)
 
+    @serialized
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
         torch = _torch()
@@ -284,6 +291,7 @@ class TorchBackend(Backend):
         picked = logits[rows, tokens] - norm[rows]
         return picked.double().cpu().numpy()
 
+    @serialized
     def _grow_pass(
         self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
     ) -> np.ndarray:
@@ -362,6 +370,7 @@ class TorchBackend(Backend):
             out[q] = float(dists[row][token])
         return out
 
+    @serialized
     def _rows_start(self, state: TorchState, causal: list[int], rows: int) -> Any:
         """Extend the state's own cache by ``causal``; return a deep copy repeated over ``rows`` batch rows."""
         state.cache, _ = self._extend_native(state.cache, causal)
@@ -375,6 +384,7 @@ class TorchBackend(Backend):
         cache.batch_repeat_interleave(rows)
         return cache
 
+    @serialized
     def _rows_step(self, cache: Any, tokens: list[int]) -> np.ndarray:
         """One token per batch row on the repeated cache (see :meth:`Backend._rows_step`)."""
         torch = _torch()

@@ -1,0 +1,76 @@
+"""Per-request limits and the watch that enforces them at every pass boundary.
+
+Sizes (labels, generated tokens, memory) are checked before any model work. Time and cancellation cannot be
+known up front, so the engine asks a :class:`Watch` before every forward pass: a request past its time limit
+raises :class:`~pcd_engine.errors.RequestTimeout`, one whose client went away raises
+:class:`~pcd_engine.errors.RequestCancelled`. Work stops there; the engine's caches are untouched.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pcd_engine.errors import OptionError, RequestCancelled, RequestTimeout
+
+__all__ = ["RequestLimits", "Watch"]
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """Bounds on one request; ``None`` means unbounded.
+
+    Attributes:
+        max_labels: The most labels (allowed values, over every closed field; a multi-label field counts two per
+            label, its yes and no) one request may score.
+        max_generated_tokens: The most tokens one request may generate over all its open fields, counted from
+            each field's token limit before any work; also the most any one field may ask for.
+        time_limit_s: Seconds a request may run before it stops at the next pass boundary.
+    """
+
+    max_labels: int | None = None
+    max_generated_tokens: int | None = None
+    time_limit_s: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_labels", "max_generated_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise OptionError(f"{name}: expected an integer >= 1 or None, but got {value!r}.")
+        t = self.time_limit_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
+            raise OptionError(f"time_limit_s: expected a positive number of seconds or None, but got {t!r}.")
+
+
+class Watch:
+    """Checks a request's deadline and cancellation flag; call :meth:`check` before each pass.
+
+    Args:
+        time_limit_s: Seconds from now until the request times out, or ``None``.
+        cancelled: Returns True once the request should stop (for example, its client disconnected).
+    """
+
+    def __init__(self, time_limit_s: float | None = None, cancelled: Callable[[], bool] | None = None) -> None:
+        self._limit = time_limit_s
+        self._deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self._cancelled = cancelled
+
+    def check(self, where: str) -> None:
+        """Raise if the request should stop now.
+
+        Args:
+            where: What was about to run, for the message.
+
+        Raises:
+            RequestCancelled: If the cancellation flag is set.
+            RequestTimeout: If the time limit has passed.
+        """
+        if self._cancelled is not None and self._cancelled():
+            raise RequestCancelled(f"Request: cancelled before {where}; the work stopped at that pass boundary.")
+        if self._deadline is not None and time.monotonic() > self._deadline:
+            raise RequestTimeout(
+                f"Request: expected to finish within its time limit of {self._limit:g} s, but it was still running "
+                f"before {where}. Raise the limit or send a smaller request."
+            )
