@@ -15,11 +15,11 @@ import json
 import re
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_engine.errors import BackendUnavailableError
+from pcd_engine.errors import BackendUnavailableError, ContextError
 from pcd_engine.generation import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
@@ -135,10 +135,29 @@ def stream_baseline(
 
     Yields:
         ``str`` pieces of the written JSON (the opening ``{`` first), then one ``BaselineResult``.
+
+    Raises:
+        ContextError: If the prompt and the token limit do not fit the model's window (before any generation).
     """
     compiled = compile_schema(schema)
     ids = engine.prompt_for(text, compiled)
-    return _stream(engine, compiled, ids, max_new_tokens or _default_limit(compiled))
+    limit = max_new_tokens or _default_limit(compiled)
+    _check_window(engine, ids, limit)
+    return _stream(engine, compiled, ids, limit)
+
+
+def _check_window(engine: Any, ids: Sequence[int], limit: int) -> None:
+    """The prompt plus the answer's token limit against the model's window, before any token is generated.
+
+    Raises:
+        ContextError: If they do not fit.
+    """
+    window = engine.backend.max_context
+    if len(ids) + limit > window:
+        raise ContextError(
+            f"Context: expected the prompt and the answer to fit the model's window of {window} tokens, but the "
+            f"prompt takes {len(ids)} tokens and the answer may take {limit}. Shorten the text."
+        )
 
 
 def _stream(engine: Any, compiled: Schema, ids: list[int], limit: int) -> Iterator[str | BaselineResult]:
@@ -180,6 +199,9 @@ def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: in
 
     Returns:
         The text, the parsed values and the validity report.
+
+    Raises:
+        ContextError: If the prompt and the token limit do not fit the model's window (before any generation).
     """
     *_, result = stream_baseline(engine, text, schema, max_new_tokens=max_new_tokens)
     assert isinstance(result, BaselineResult)
@@ -248,6 +270,7 @@ def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: in
 
     Raises:
         BackendUnavailableError: If outlines is not installed or the engine is not on the torch backend.
+        ContextError: If the prompt and the token limit do not fit the model's window.
     """
     compiled = compile_schema(schema)
     processor, setup_ms = _outlines_processor(engine, compiled)
@@ -263,6 +286,8 @@ def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: in
         )
     trimmed = opening[:-1]
     ids = ids[:-1] + (engine.tokenizer.encode(trimmed) if trimmed else [])
+    limit = max_new_tokens or _default_limit(compiled)
+    _check_window(engine, ids, limit)
     model = engine.backend.model
     device = next(model.parameters()).device
     processor.reset()
@@ -272,7 +297,7 @@ def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: in
             input_ids=torch.tensor([ids], device=device),
             attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
             logits_processor=LogitsProcessorList([processor]),
-            max_new_tokens=max_new_tokens or _default_limit(compiled),
+            max_new_tokens=limit,
             do_sample=False,
             pad_token_id=engine.backend.tokenizer.eos_token_id,
         )

@@ -20,6 +20,7 @@ from typing import Any
 
 from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, PCDError
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
 
 __all__ = ["build_parser", "main"]
@@ -76,6 +77,8 @@ def _read_json(path: str, what: str) -> Any:
         raise InputError(
             f"{what} {path!r}: expected JSON, but got bad JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
         ) from None
+    except RecursionError:
+        raise InputError(f"{what} {path!r}: expected JSON, but it is nested too deeply to read.") from None
 
 
 def _preset(ref: str) -> tuple[str, Any]:
@@ -313,8 +316,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except ImportError:
         message = "pcd serve: expected uvicorn, but it is not installed. Install it with: pip install 'pcd[serve]'"
         raise BackendUnavailableError(message) from None
+    limits = RequestLimits(
+        max_labels=args.max_labels or None,
+        max_generated_tokens=args.max_generated_tokens or None,
+        time_limit_s=args.time_limit or None,
+    )
     engine = _engine(args)
-    app = create_app(engine, model_name=args.name or args.model)
+    app = create_app(
+        engine,
+        model_name=args.name or args.model,
+        limits=limits,
+        body_timeout_s=args.body_timeout,
+        host=args.host,
+        allowed_hosts=args.allow_host,
+    )
     if not args.quiet:
         print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
@@ -403,6 +418,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
     p.add_argument("--port", type=int, default=8000, help="default: 8000")
     p.add_argument("--name", default=None, help="model id for /v1 (default: MODEL)")
+    p.add_argument(
+        "--max-labels", type=int, default=SERVER_LIMITS.max_labels, help="allowed values per request (0: no limit)"
+    )
+    p.add_argument(
+        "--max-generated-tokens",
+        type=int,
+        default=SERVER_LIMITS.max_generated_tokens,
+        help="tokens generated per request over all open fields (0: no limit)",
+    )
+    p.add_argument(
+        "--time-limit", type=float, default=SERVER_LIMITS.time_limit_s, help="seconds per request (0: no limit)"
+    )
+    p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to wait for each part of a request body")
+    p.add_argument(
+        "--allow-host", action="append", default=[], metavar="NAME", help="another Host name to accept (repeatable)"
+    )
     p.set_defaults(func=cmd_serve)
     return parser
 

@@ -1,10 +1,12 @@
-"""Constraints on values: every JSON Schema keyword of a closed field narrows its labels or is refused.
+"""Constraints on values: every JSON Schema keyword narrows a closed field's labels, constrains an open one, or
+is refused.
 
 A closed field is decided among its labels, so a keyword that the labels could break (``multipleOf``, bounds,
 ``not``, ``maxLength`` / ``pattern`` / ``format`` beside an ``enum``) is honoured by dropping the labels that break
 it: each candidate value is validated against the field's whole JSON Schema (formats checked), and only the
-valid ones are labels. A keyword no validator knows (``nullable``, a misspelt ``maximun``) would be silently
-ignored, so it is refused with a :class:`~pcd_engine.errors.SchemaError` that names it.
+valid ones are labels. An open field's keywords go to the constrained generator, and its value is validated
+against the same schema afterwards. A keyword no validator knows (``nullable``, a misspelt ``maximun``) would
+be silently ignored by both, so it is refused with a :class:`~pcd_engine.errors.SchemaError` that names it.
 
 Integer ranges are counted by arithmetic before any list is built, so ``maximum: 1e9`` costs nothing: a range of
 more than :data:`MAX_INT_LABELS` values makes the field open (generated) instead of closed.
@@ -51,7 +53,7 @@ _VALIDATION = frozenset(
 _ANNOTATIONS = frozenset(
     {
         "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "$schema", "$id",
-        "$comment", "$anchor", "contentMediaType", "contentEncoding",
+        "$comment", "$anchor", "contentMediaType", "contentEncoding", "contentSchema", "discriminator",
     }
 )  # fmt: skip
 # Array keywords a multi-label field cannot honour: it decides each label alone.
@@ -84,11 +86,11 @@ def too_deep(name: str) -> SchemaError:
 
 
 def check_keywords(name: str, node: Mapping[str, Any], *, multi: bool = False) -> None:
-    """Refuse the keywords of a closed field's schema that would be ignored.
+    """Refuse the keywords of a field's schema that would be ignored.
 
     Args:
         name: The field, for the message.
-        node: The field's schema, references inlined.
+        node: The field's (or value's) schema, references inlined.
         multi: True for a multi-label field, which cannot honour ``contains`` and the like.
 
     Raises:

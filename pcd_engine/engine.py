@@ -263,12 +263,16 @@ class Engine:
                 "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
                 "their tokenization. Strip unusual trailing characters from the text."
             )
-        self._check_window(compiled, open_fields, plan, len(ids), call.max_tokens)
+        deepest = self._check_window(compiled, open_fields, plan, len(ids), call.max_tokens)
         budget = self._budget_bytes()
+        self._check_budget(len(ids), deepest, budget)
         phases["tokenize"] += (time.perf_counter() - tick) * 1000
+        prefill_passes = 0
         if prefix is None:
             watch.check("the head prefill")
+            before = self.backend.thread_passes
             prefix = self._prefill(compiled, plan, budget, phases)
+            prefill_passes = self.backend.thread_passes - before
 
         request = _Request(
             state=self.backend.start(prefix),
@@ -316,6 +320,7 @@ class Engine:
             waves=len(waves),
             generation_passes=generation_passes,
             generated_tokens=generated_tokens,
+            prefill_passes=prefill_passes,
         )
         values_out = {name: r.value for name, r in ordered.items()}
         return ExtractionResult(values_out, ordered, tuple(warnings), stats, compiled)
@@ -499,9 +504,9 @@ class Engine:
 
     def _check_window(
         self, schema: Schema, open_fields: Sequence[FieldSpec], plan: _Plan, prompt_tokens: int, limit: int
-    ) -> None:
+    ) -> int:
         """The whole request against the model's window, before any model work; the message blames what is
-        too long: a field's token limit, the schema, or the text."""
+        too long: a field's token limit, the schema, or the text. Returns the most tokens the answers may add."""
         window = self.backend.max_context
         labels = [len(l.surfaces[0]) for f in schema.fields if f.scored for q in questions(f) for l in q.labels]
         answers = 0
@@ -529,6 +534,17 @@ class Engine:
             raise ContextError(
                 f"Context: expected the prompt to fit the model's window of {window} tokens, but it needs "
                 f"{prompt_tokens} tokens (plus up to {deepest} for the answers). Shorten the text."
+            )
+        return deepest
+
+    def _check_budget(self, prompt_tokens: int, deepest: int, budget: int) -> None:
+        """Whether the request can run within the memory budget at all: its longest root-to-leaf chain (or a
+        pass of one token per open row) after the whole prompt and answers. Checked before any model work."""
+        need = self.backend.pass_bytes(past=prompt_tokens + deepest, new=1, rows=2)
+        if need > budget:
+            raise LimitError(
+                f"Memory budget: expected a pass after this prompt to fit the budget of {budget / 2**20:.0f} MiB, "
+                f"but even one token needs about {need / 2**20:.1f} MiB. Raise memory_budget_mb or shorten the text."
             )
 
     def _budget_bytes(self) -> int:

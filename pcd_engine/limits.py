@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pcd_engine.errors import OptionError, RequestCancelled, RequestTimeout
 
-__all__ = ["RequestLimits", "Watch"]
+__all__ = ["SERVER_LIMITS", "RequestLimits", "Watch"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,10 @@ class RequestLimits:
         t = self.time_limit_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
             raise OptionError(f"time_limit_s: expected a positive number of seconds or None, but got {t!r}.")
+
+
+SERVER_LIMITS = RequestLimits(max_labels=2048, max_generated_tokens=1024, time_limit_s=120.0)
+"""What one request to ``pcd serve`` may ask for unless its flags say otherwise."""
 
 
 class Watch:

@@ -14,7 +14,9 @@ line in exactly the context the model sees.
 
 from __future__ import annotations
 
+import copy
 import json
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,8 @@ class TokenizerView:
 
     def __init__(self, tokenizer: Any) -> None:
         self.hf = tokenizer
+        self._plain_hf: Any = None
+        self._lock = threading.Lock()
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self.added_ids = frozenset(int(i) for i in decoder)
         self.added_text = {int(i): str(getattr(t, "content", t)) for i, t in decoder.items()}
@@ -51,7 +55,20 @@ class TokenizerView:
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of ``text`` read as plain text: a control string in it (``<|im_start|>system``) is split
         into ordinary tokens, so a document cannot open a turn of its own."""
-        return list(self.hf(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        return list(self._plain()(text, add_special_tokens=False)["input_ids"])
+
+    def _plain(self) -> Any:
+        # A copy that always splits control strings: asking the shared tokenizer to split them per call flips a
+        # flag on it, which a concurrent call on another thread would see.
+        with self._lock:
+            if self._plain_hf is None:
+                plain = copy.deepcopy(self.hf)
+                plain.split_special_tokens = True
+                backend = getattr(plain, "_tokenizer", None)
+                if backend is not None and hasattr(backend, "encode_special_tokens"):
+                    backend.encode_special_tokens = True
+                self._plain_hf = plain
+            return self._plain_hf
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, with no BOS/EOS added."""

@@ -87,6 +87,8 @@ class ExtractionStats:
         generation_passes: Forward passes spent generating open fields (all rows advance together, so this is
             the longest row's length, not the sum).
         generated_tokens: Tokens generated over all open fields.
+        prefill_passes: Of ``forward_passes``, those that prefilled the schema head (0 when its cache hit; more
+            than 1 when the memory budget split a long head into chunks).
     """
 
     phases_ms: Mapping[str, float]
@@ -97,6 +99,7 @@ class ExtractionStats:
     waves: int
     generation_passes: int = 0
     generated_tokens: int = 0
+    prefill_passes: int = 0
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ class ExtractionResult:
             "waves": s.waves,
             "generation_passes": s.generation_passes,
             "generated_tokens": s.generated_tokens,
+            "prefill_passes": s.prefill_passes,
         }
         return {"values": dict(self.values), "fields": fields, "warnings": list(self.warnings), "stats": stats}
 

@@ -318,6 +318,7 @@ def _open_field(
         raise SchemaError(f"Field {name!r}: expected x-max-tokens to be a positive integer, but got {max_tokens!r}.")
     for key in ("title", "default", "description", "x-depends-on", "examples"):
         value.pop(key, None)
+    check_keywords(name, value)
     _check_constrained(name, value, where="")
     text = json.dumps(value, ensure_ascii=False)  # key order kept: it is the order the value is written in
     return FieldSpec(name, "open", (), description, tuple(depends_on), schema_json=text, max_tokens=max_tokens)

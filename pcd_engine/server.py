@@ -11,33 +11,58 @@
   cannot constrain (``Any``, free-form objects, recursion) is a 400 with an OpenAI-style error body; without a
   ``response_format`` (or with type ``text``) the reply is free text.
 
-The engine is not thread-safe, so one lock serializes its use: concurrent requests queue and get exactly the
-answers they would get one by one. A streamed answer takes the lock per token, so other requests interleave.
-Bad requests (bad JSON, an unsupported schema, an empty context, a body over ``max_body_bytes``) get a 4xx with a
-JSON error body, never a crash.
+The engine is thread-safe: concurrent requests run in worker threads and interleave at forward-pass boundaries
+(the model runs one pass at a time), and each gets exactly the answer it would get alone. Every request is
+bounded: its body by ``max_body_bytes`` and ``body_timeout_s``, its work by :class:`~pcd_engine.limits.
+RequestLimits` (labels, generated tokens, time), checked before any model work where the size is known; a client
+that disconnects has its work cancelled at the next pass boundary.
+
+Only local pages may drive it: JSON endpoints accept only ``Content-Type: application/json`` (a plain form post
+from another site is refused with 415), and the ``Host`` header must name a loopback address, the bound address
+or one of ``allowed_hosts`` (DNS rebinding is refused with 421). Bad requests (bad JSON, an unsupported schema,
+an empty context, a body too large or too slow) get a 4xx with a JSON error body, never a crash.
 """
 
 # No ``from __future__ import annotations``: FastAPI reads the endpoints' annotations at runtime, and ``Request``
 # is imported inside ``create_app`` (FastAPI is an optional dependency).
+import asyncio
 import itertools
 import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from pcd_engine.baseline import BaselineResult, partial_pairs, stream_baseline
 from pcd_engine.chat import ChatMessage, document_text, stream_chat
-from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, PCDError, SchemaError
+from pcd_engine.errors import (
+    BackendUnavailableError,
+    ContextError,
+    LimitError,
+    OptionError,
+    PCDError,
+    RequestCancelled,
+    RequestTimeout,
+    SchemaError,
+)
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.schema import compile_schema
 
 __all__ = ["create_app"]
 
 _PAGE = Path(__file__).resolve().parent / "web" / "index.html"
-_STATUS = {SchemaError: 400, ContextError: 400, OptionError: 400}
+_STATUS = {
+    SchemaError: 400,
+    ContextError: 400,
+    OptionError: 400,
+    LimitError: 400,
+    RequestTimeout: 504,
+    RequestCancelled: 499,
+}
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 class _HTTPError(Exception):
@@ -80,6 +105,10 @@ def create_app(
     model_name: str = "pcd",
     max_body_bytes: int = 1_000_000,
     max_new_tokens: int = 512,
+    limits: RequestLimits = SERVER_LIMITS,
+    body_timeout_s: float = 10.0,
+    host: str | None = None,
+    allowed_hosts: Sequence[str] = (),
 ) -> Any:
     """Build the ASGI app around a loaded engine.
 
@@ -88,6 +117,11 @@ def create_app(
         model_name: The model id that ``/v1/models`` lists and ``/v1/chat/completions`` accepts.
         max_body_bytes: Larger request bodies get 413.
         max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
+        limits: What one extraction may ask for (labels, generated tokens, seconds); over a size limit is a 400
+            before any model work, over the time limit a 504.
+        body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+        host: The address the server is bound to; requests may name it in their ``Host`` header.
+        allowed_hosts: More host names requests may use (a reverse proxy's name); loopback names always work.
 
     Returns:
         A FastAPI application.
@@ -101,35 +135,58 @@ def create_app(
     from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
     app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
-    lock = threading.Lock()
+    hosts = {h.lower().strip("[]") for h in (*_LOOPBACK, *allowed_hosts, *([host] if host else []))}
+    app.add_middleware(_HostCheck, hosts=frozenset(hosts - {"0.0.0.0", "::"}))
 
-    def locked(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        with lock:
-            return fn(*args, **kwargs)
+    async def run_engine(request: Request, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an engine call in a worker thread; if the client goes away, cancel it at the next pass."""
+        gone = threading.Event()
 
-    def locked_iter(items: Iterator[Any]) -> Iterator[Any]:
-        """Step a generator that uses the engine, holding the lock only while it computes the next item."""
-        while True:
-            with lock:
-                try:
-                    item = next(items)
-                except StopIteration:
+        async def watch() -> None:
+            while not gone.is_set():
+                if await request.is_disconnected():
+                    gone.set()
                     return
-            yield item
+                await asyncio.sleep(0.1)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            return await run_in_threadpool(fn, *args, cancelled=gone.is_set, **kwargs)
+        finally:
+            gone.set()
+            watcher.cancel()
 
     async def read_json(request: Request) -> Any:
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise _HTTPError(
+                415,
+                "unsupported_media_type",
+                f"Request body: expected Content-Type application/json, but got {media or 'none'!r}.",
+            )
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > max_body_bytes:
             raise _HTTPError(413, "request_too_large", f"Request body: expected at most {max_body_bytes} bytes.")
         body = bytearray()
-        async for chunk in request.stream():
+        chunks = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=body_timeout_s)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                raise _HTTPError(
+                    408, "request_timeout", f"Request body: expected each part within {body_timeout_s:g} s."
+                ) from None
             body += chunk
             if len(body) > max_body_bytes:
                 raise _HTTPError(413, "request_too_large", f"Request body: expected at most {max_body_bytes} bytes.")
         try:
             data = json.loads(bytes(body) or b"null")
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise _HTTPError(400, "invalid_json", f"Request body: expected JSON, but got bad JSON ({exc}).") from None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            message = f"Request body: expected JSON, but got bad JSON ({detail})."
+            raise _HTTPError(400, "invalid_json", message) from None
         if not isinstance(data, dict):
             raise _HTTPError(400, "invalid_request", "Request body: expected a JSON object.")
         return data
@@ -194,11 +251,11 @@ def create_app(
     @app.post("/api/extract")
     async def extract(request: Request) -> Any:
         compiled, context, options = request_parts(await read_json(request))
-        allowed = {"anchor", "strategy", "temperature"}
+        allowed = {"anchor", "strategy", "temperature", "max_tokens"}
         unknown = sorted(set(options) - allowed)
         if unknown:
             raise _HTTPError(400, "invalid_request", f"options: expected keys from {sorted(allowed)}, got {unknown}.")
-        result = await run_in_threadpool(locked, engine.extract, context, compiled, **options)
+        result = await run_engine(request, engine.extract, context, compiled, limits=limits, **options)
         data = result.to_json()
         data["schema"] = _field_kinds(compiled)
         return data
@@ -209,13 +266,13 @@ def create_app(
         limit = options.get("max_new_tokens")
         if limit is not None and (not isinstance(limit, int) or not 0 < limit <= max_new_tokens):
             raise _HTTPError(400, "invalid_request", f"options.max_new_tokens: expected 1..{max_new_tokens}.")
-        steps = await run_in_threadpool(locked, stream_baseline, engine, context, compiled, max_new_tokens=limit)
+        steps = await run_in_threadpool(stream_baseline, engine, context, compiled, max_new_tokens=limit)
 
         def events() -> Iterator[str]:
             started = time.perf_counter()
             text = ""
             try:
-                for item in locked_iter(steps):
+                for item in steps:
                     if isinstance(item, BaselineResult):
                         done = {
                             "text": item.text,
@@ -279,7 +336,7 @@ def create_app(
             document = document_text([m.content for m in messages])
             temperature = data.get("temperature")
             extra = {"temperature": temperature} if isinstance(temperature, (int, float)) and temperature > 0 else {}
-            result = await run_in_threadpool(locked, engine.extract, document, compiled, **extra)
+            result = await run_engine(request, engine.extract, document, compiled, limits=limits, **extra)
             content = json.dumps(result.values, ensure_ascii=False)
             completion_tokens = len(engine.tokenizer.encode(content))
             pcd = {k: v for k, v in result.to_json().items() if k != "values"}
@@ -300,18 +357,50 @@ def create_app(
         stop = [stop] if isinstance(stop, str) else stop
         chunks = stream_chat(engine, messages, max_new_tokens=min(limit, max_new_tokens), stop=stop)
         # The first chunk is computed before answering, so bad input is a 4xx, not a broken stream.
-        first = await run_in_threadpool(locked, next, chunks)
+        first = await run_in_threadpool(next, chunks)
         if stream:
-            rest = itertools.chain([first], locked_iter(chunks))
+            rest = itertools.chain([first], chunks)
             return StreamingResponse(
                 iterate_in_threadpool(_sse_chunks(completion_id, model_name, rest)), media_type="text/event-stream"
             )
-        pieces = [first, *await run_in_threadpool(locked, list, chunks)]
+        pieces = [first, *await run_in_threadpool(list, chunks)]
         last = pieces[-1]
         usage = _usage(last.prompt_tokens, last.completion_tokens)
         return _reply(completion_id, model_name, "".join(p.text for p in pieces), last.finish_reason, usage)
 
     return app
+
+
+class _HostCheck:
+    """ASGI middleware: refuse requests whose ``Host`` header names none of ``hosts`` (421, JSON body).
+
+    A page on another site that rebinds its own name to 127.0.0.1 sends its own name as ``Host``, so checking
+    the name keeps such pages from reading answers.
+    """
+
+    def __init__(self, app: Any, *, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope.get("headers") or [])
+            raw = headers.get(b"host", b"").decode("latin-1").strip().lower()
+            if raw.startswith("[") and "]" in raw:  # [::1]:8000
+                name = raw[1 : raw.index("]")]
+            else:  # localhost:8000, or a bare IPv6 address
+                name = raw.rsplit(":", 1)[0] if raw.count(":") == 1 else raw
+            if name not in self.hosts:
+                from fastapi.responses import JSONResponse
+
+                message = (
+                    f"Host: expected one of {sorted(self.hosts)}, but got {raw or 'none'!r}. Start pcd serve with "
+                    "--allow-host NAME to accept another name."
+                )
+                body = {"error": {"type": "misdirected_request", "message": message}}
+                await JSONResponse(body, status_code=421)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _messages(raw: Any) -> list[ChatMessage]:

@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def client(default_engine):
-    return TestClient(create_app(default_engine, model_name=MODEL, max_body_bytes=100_000))
+    return TestClient(create_app(default_engine, model_name=MODEL, max_body_bytes=100_000), base_url="http://localhost")
 
 
 def sse_events(body: str) -> list[tuple[str, dict]]:
