@@ -7,8 +7,12 @@ Nothing here touches the network. The SmolLM2 tokenizer and weights come from th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import socket
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -262,3 +266,25 @@ def default_engine(smol_path: Path) -> Any:
     from pcd_engine import Engine
 
     return Engine.load()
+
+
+@contextlib.contextmanager
+def serve_on_loopback(app: Any) -> Iterator[int]:
+    """Run an ASGI app with uvicorn on a free loopback port for the duration of the block; yields the port."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start within 30 s"
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -38,7 +38,7 @@ from pcd_engine.generation import Grammars
 from pcd_engine.limits import RequestLimits
 from pcd_engine.planner import TreeBatch, plan_passes
 from pcd_engine.prompt import ChatPrompt, TokenizerView, render_instructions
-from tests.conftest import OracleBackend, OracleLM, tiny_model
+from tests.conftest import OracleBackend, OracleLM, serve_on_loopback, tiny_model
 
 TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
 
@@ -662,25 +662,11 @@ def test_server_baseline_checks_the_window(smol_tokenizer):
 def live_slow(smol_tokenizer):
     """A live server on a free loopback port over an oracle whose passes take 10 ms."""
     pytest.importorskip("uvicorn")
-    import uvicorn
-
     from pcd_engine.server import create_app
 
     backend = _SlowOracle(smol_tokenizer, OracleLM(len(smol_tokenizer)))
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    app = create_app(Engine(backend), body_timeout_s=0.5)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield sock.getsockname()[1], backend
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with serve_on_loopback(create_app(Engine(backend), body_timeout_s=0.5)) as port:
+        yield port, backend
 
 
 def test_a_stalled_body_gets_408(live_slow):

@@ -8,9 +8,6 @@ import json
 import os
 import re
 import shutil
-import socket
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
@@ -25,6 +22,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from pcd_engine import generate_baseline  # noqa: E402
 from pcd_engine.examples import EXAMPLE_PRESETS  # noqa: E402
 from pcd_engine.server import create_app  # noqa: E402
+from tests.conftest import serve_on_loopback  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 
@@ -185,22 +183,8 @@ def test_free_text_and_streaming(client):
 
 @pytest.fixture(scope="module")
 def live(default_engine):
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(default_engine, model_name=MODEL), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(10)
-    sock.close()
+    with serve_on_loopback(create_app(default_engine, model_name=MODEL)) as port:
+        yield f"http://127.0.0.1:{port}"
 
 
 class Ticket(BaseModel):
