@@ -13,12 +13,16 @@ from pcd_engine.errors import (
     ContextError,
     DatasetError,
     InputError,
+    LimitError,
     ModelLoadError,
     OptionError,
     PCDError,
     PromptAlignmentError,
+    RequestCancelled,
+    RequestTimeout,
     SchemaError,
 )
+from pcd_engine.limits import RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL, default_model_path
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
@@ -46,11 +50,15 @@ __all__ = [
     "Label",
     "Marginal",
     "InputError",
+    "LimitError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
     "Preset",
     "PromptAlignmentError",
+    "RequestCancelled",
+    "RequestLimits",
+    "RequestTimeout",
     "Schema",
     "SchemaError",
     "Strategy",

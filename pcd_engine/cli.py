@@ -309,7 +309,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pcd_engine.server import create_app
+    from pcd_engine.server import create_app, header_timeout_protocol
 
     try:
         import uvicorn
@@ -332,7 +332,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if not args.quiet:
         print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning" if args.quiet else "info")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning" if args.quiet else "info",
+        http=header_timeout_protocol(args.body_timeout),
+    )
     return 0
 
 
@@ -430,7 +436,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--time-limit", type=float, default=SERVER_LIMITS.time_limit_s, help="seconds per request (0: no limit)"
     )
-    p.add_argument("--body-timeout", type=float, default=10.0, help="seconds to wait for each part of a request body")
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for a request's headers and each part of its body",
+    )
     p.add_argument(
         "--allow-host", action="append", default=[], metavar="NAME", help="another Host name to accept (repeatable)"
     )

@@ -172,8 +172,9 @@ def filter_values(name: str, values: Sequence[Any], node: Mapping[str, Any]) -> 
     return kept
 
 
-def number_bound(name: str, key: str, value: Any) -> float | None:
-    """A numeric bound (``minimum``, ``ge``, ...) checked to be a finite number; ``None`` stays ``None``.
+def number_bound(name: str, key: str, value: Any) -> Any:
+    """A numeric bound (``minimum``, ``ge``, ...) checked to be a finite number (returned as it is); ``None``
+    stays ``None``.
 
     Raises:
         SchemaError: If the bound is not a finite int or float.

@@ -51,7 +51,7 @@ from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.schema import compile_schema
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "header_timeout_protocol"]
 
 _PAGE = Path(__file__).resolve().parent / "web" / "index.html"
 _STATUS = {
@@ -369,6 +369,61 @@ def create_app(
         return _reply(completion_id, model_name, "".join(p.text for p in pieces), last.finish_reason, usage)
 
     return app
+
+
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request headers are not complete within ``seconds``.
+
+    uvicorn waits for the headers of a request forever, so a client that opens connections and sends a few header
+    bytes now and then could hold them all; the body has its own limit in the app (``body_timeout_s``). Pass the
+    class as ``uvicorn.run(..., http=header_timeout_protocol(10.0))``.
+
+    Raises:
+        BackendUnavailableError: If uvicorn is not installed.
+    """
+    try:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "pcd serve: expected uvicorn, but it is not installed. Install it with: pip install 'pcd[serve]'"
+        ) from exc
+
+    class HeaderTimeoutH11(H11Protocol):  # type: ignore[misc]
+        _headers_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # a request's headers are in: the app's body timeout takes over
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._headers_timer = self.loop.call_later(seconds, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._headers_timer is not None:
+                self._headers_timer.cancel()
+                self._headers_timer = None
+
+        def _headers_late(self) -> None:
+            self._headers_timer = None
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11
 
 
 class _HostCheck:

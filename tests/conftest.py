@@ -269,13 +269,15 @@ def default_engine(smol_path: Path) -> Any:
 
 
 @contextlib.contextmanager
-def serve_on_loopback(app: Any) -> Iterator[int]:
-    """Run an ASGI app with uvicorn on a free loopback port for the duration of the block; yields the port."""
+def serve_on_loopback(app: Any, **config: Any) -> Iterator[int]:
+    """Run an ASGI app with uvicorn on a free loopback port for the duration of the block; yields the port.
+
+    ``config`` goes to ``uvicorn.Config`` (for example ``http=`` a protocol class)."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.time() + 30

@@ -196,6 +196,32 @@ def test_errors_are_one_line_with_a_nonzero_exit(capsys, tiny, tmp_path):
         assert_one_line_error(code, err, *needles)
 
 
+def test_hardening_errors_are_one_line(capsys, tiny, tmp_path):
+    """The inputs the hardening probe found: each a typed one-line error with exit 1, never a traceback."""
+
+    def schema_file(name: str, props: dict) -> str:
+        path = tmp_path / name
+        path.write_text(json.dumps({"type": "object", "properties": props}))
+        return str(path)
+
+    deep: dict = {"type": "string"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}}
+    brackets = tmp_path / "brackets.json"
+    brackets.write_text("[" * 100_000 + "]" * 100_000)
+    cases = [
+        (schema_file("deep.json", {"x": deep}), ("nested at most 64",)),
+        (str(brackets), ("nested too deeply",)),
+        (schema_file("inf.json", {"n": {"type": "integer", "minimum": 0, "maximum": float("inf")}}), ("finite",)),
+        (schema_file("zz.json", {"t": {"type": "array", "items": {"enum": ["a"]}, "maxItems": "zz"}}), ("max_items",)),
+        (schema_file("null.json", {"t": {"enum": ["a", "b"], "nullable": True}}), ("'nullable'",)),
+        (schema_file("essay.json", {"e": {"type": "string", "x-max-tokens": 10**6}}), ("Field 'e'", "x-max-tokens")),
+    ]
+    for path, needles in cases:
+        code, _, err = run(capsys, "run", tiny, "--schema", path, "--text", TEXT, "-q")
+        assert_one_line_error(code, err, *needles)
+
+
 def test_missing_backend_is_one_line(capsys, tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlx", None)
     monkeypatch.setitem(sys.modules, "mlx.core", None)

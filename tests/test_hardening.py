@@ -643,6 +643,12 @@ def test_server_limits_and_deep_bodies_are_4xx(app_client):
     deep_schema = {"schema": {"properties": {"x": nested(300)}}, "context": TEXT}
     response = client.post("/api/extract", json=deep_schema)
     assert response.status_code == 400 and response.json()["error"]["type"] == "SchemaError"
+    surrogate = b'{"schema": {"ok": {"type": "boolean"}}, "context": "refund \\ud800 now"}'
+    response = client.post("/api/extract", content=surrogate, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "lone surrogate" in response.json()["error"]["message"]
+    for options in ({"strategy": 3}, {"temperature": "hot"}, {"max_tokens": 0}):
+        response = client.post("/api/extract", json={**big, "options": options, "schema": TICKET})
+        assert response.status_code == 400 and response.json()["error"]["type"] == "OptionError", options
 
 
 def test_server_baseline_checks_the_window(smol_tokenizer):
@@ -660,12 +666,14 @@ def test_server_baseline_checks_the_window(smol_tokenizer):
 
 @pytest.fixture()
 def live_slow(smol_tokenizer):
-    """A live server on a free loopback port over an oracle whose passes take 10 ms."""
+    """A live server on a free loopback port over an oracle whose passes take 10 ms (0.5 s body and header
+    timeouts)."""
     pytest.importorskip("uvicorn")
-    from pcd_engine.server import create_app
+    from pcd_engine.server import create_app, header_timeout_protocol
 
     backend = _SlowOracle(smol_tokenizer, OracleLM(len(smol_tokenizer)))
-    with serve_on_loopback(create_app(Engine(backend), body_timeout_s=0.5)) as port:
+    app = create_app(Engine(backend), body_timeout_s=0.5)
+    with serve_on_loopback(app, http=header_timeout_protocol(0.5)) as port:
         yield port, backend
 
 
@@ -677,9 +685,25 @@ def test_a_stalled_body_gets_408(live_slow):
         )
         conn.sendall(head.encode() + b"\r\n" + b'{"schema": ')
         started = time.monotonic()
-        reply = conn.recv(4096).decode()
+        reply = b""
+        while b"request_timeout" not in reply and time.monotonic() - started < 8:
+            chunk = conn.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
+
+
+def test_stalled_headers_close_the_connection(live_slow):
+    port, _backend = live_slow
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"POST /api/extract HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and never the rest
+        started = time.monotonic()
+        assert conn.recv(4096) == b""  # closed by the server
         assert time.monotonic() - started < 8
-    assert reply.startswith("HTTP/1.1 408") and "request_timeout" in reply
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:  # a complete request still works
+        conn.sendall(b"GET /api/presets HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert conn.recv(64).startswith(b"HTTP/1.1 200")
 
 
 def test_a_disconnected_clients_work_is_cancelled(live_slow):

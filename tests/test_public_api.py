@@ -25,11 +25,15 @@ EXPECTED_ENGINE = [
     "Label",
     "Marginal",
     "InputError",
+    "LimitError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
     "Preset",
     "PromptAlignmentError",
+    "RequestCancelled",
+    "RequestLimits",
+    "RequestTimeout",
     "Schema",
     "SchemaError",
     "Strategy",
@@ -93,6 +97,9 @@ def test_errors_share_one_base():
         "BackendUnavailableError",
         "DatasetError",
         "InputError",
+        "LimitError",
+        "RequestCancelled",
+        "RequestTimeout",
     ]:
         assert issubclass(getattr(pcd_engine, name), pcd_engine.PCDError)
 
@@ -132,6 +139,20 @@ MODULE_ALL = {
     ],
     "pcd_engine.plots": ["plot_bench", "plot_eval"],
     "pcd_engine.server": ["create_app"],
+    "pcd_engine.constraints": [
+        "MAX_INT_LABELS",
+        "MAX_SCHEMA_DEPTH",
+        "WideRange",
+        "check_depth",
+        "check_keywords",
+        "filter_values",
+        "int_values",
+        "is_valid",
+        "number_bound",
+        "too_deep",
+    ],
+    "pcd_engine.limits": ["SERVER_LIMITS", "RequestLimits", "Watch"],
+    "pcd_engine.request": ["Request"],
 }
 
 
