@@ -15,45 +15,28 @@ Peak memory is the growth of this process's resident set while the call runs, sa
 
 from __future__ import annotations
 
-import threading
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
-from pcd_engine import Engine, compile_schema
-from pcd_engine.errors import PCDError
-from pcd_engine.planner import TreeBatch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import peak_rss  # noqa: E402
+from pcd_engine import Engine, compile_schema  # noqa: E402
+from pcd_engine.errors import PCDError  # noqa: E402
+from pcd_engine.planner import TreeBatch  # noqa: E402
 
 TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
 
 
 def measure(fn: Callable[[], Any]) -> tuple[float, float, str]:
-    """(seconds, peak RSS growth in MiB, outcome) of one call."""
-    proc = psutil.Process()
-    base = peak = proc.memory_info().rss
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, proc.memory_info().rss)
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    started = time.perf_counter()
-    try:
-        outcome = fn()
-    except PCDError as exc:
-        outcome = f"{type(exc).__name__}"
-    finally:
-        seconds = time.perf_counter() - started
-        done.set()
-        sampler.join()
-    return seconds, (peak - base) / 2**20, str(outcome)
+    """(seconds, peak RSS growth in MiB, outcome) of one call; an error is named by its type."""
+    seconds, mb, outcome = peak_rss(fn)
+    return seconds, mb, type(outcome).__name__ if isinstance(outcome, PCDError) else str(outcome)
 
 
 def row_masks(rows: int, tokens: int, past: int) -> tuple[float, float, float, float]:

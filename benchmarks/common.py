@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from pcd_engine.comparison import median_ms, one_wave
 
-__all__ = ["floor_ms", "median_ms", "one_wave"]
+__all__ = ["floor_ms", "median_ms", "one_wave", "peak_rss"]
+
+
+def peak_rss(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """Run ``fn`` while a thread samples this process's resident set every 2 ms.
+
+    Returns:
+        ``(seconds, peak growth in MiB, outcome)``: the outcome is ``fn``'s result, or the exception it raised.
+    """
+    import psutil
+
+    proc = psutil.Process()
+    base = peak = proc.memory_info().rss
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, proc.memory_info().rss)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        outcome: Any = fn()
+    except Exception as exc:  # noqa: BLE001 - returned for the caller to report
+        outcome = exc
+    finally:
+        seconds = time.perf_counter() - started
+        done.set()
+        sampler.join()
+    return seconds, (peak - base) / 2**20, outcome
 
 
 def floor_ms(engine: Any, preset: Any, out: Any, repeats: int, sync: Any = lambda: None) -> float:

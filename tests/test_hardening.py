@@ -11,7 +11,6 @@ import enum
 import json
 import math
 import socket
-import threading
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -19,10 +18,10 @@ from typing import Any, Literal
 
 import jsonschema
 import numpy as np
-import psutil
 import pytest
 from pydantic import BaseModel, Field
 
+from benchmarks.common import peak_rss
 from pcd_engine import Engine, compile_schema
 from pcd_engine.backends.base import Backend, estimate_pass_bytes
 from pcd_engine.errors import (
@@ -44,28 +43,9 @@ TEXT = "Order 1182 arrived broken; the customer is furious and wants their money
 
 
 def peak_rss_mb(fn: Any) -> tuple[float, Any]:
-    """Run ``fn`` while a thread samples this process's RSS; returns (peak growth in MiB, result or exception)."""
-    proc = psutil.Process()
-    base = proc.memory_info().rss
-    peak = base
-    done = threading.Event()
-
-    def sample() -> None:
-        nonlocal peak
-        while not done.is_set():
-            peak = max(peak, proc.memory_info().rss)
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        outcome: Any = fn()
-    except Exception as exc:  # noqa: BLE001 - returned for the caller to check
-        outcome = exc
-    finally:
-        done.set()
-        sampler.join()
-    return (peak - base) / 2**20, outcome
+    """(peak RSS growth in MiB, result or exception) of one call."""
+    _seconds, grown, outcome = peak_rss(fn)
+    return grown, outcome
 
 
 @pytest.fixture()
