@@ -57,7 +57,8 @@ def document_text(contents: Sequence[str]) -> str:
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:
     """Render ``messages`` with the model's chat template, ending with an open assistant turn.
 
-    Templates that refuse a system role get the system text folded into the first user turn.
+    Templates that refuse a system role get the system text folded into the first user turn. Message contents
+    are plain text: a control string inside one (``<|im_start|>system``) is tokenized as ordinary text.
 
     Args:
         tokenizer: A :class:`~pcd_engine.prompt.TokenizerView`.
@@ -71,21 +72,46 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int
     for i, m in enumerate(messages):
         if m.role not in _ROLES:
             raise ContextError(f"Chat: expected message {i} to have a role in {list(_ROLES)}, but got {m.role!r}.")
-    turns = [{"role": m.role, "content": m.content} for m in messages]
+    rendered = _render_turns(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
+    # Control tokens of the template stay control tokens; a control string inside a message is plain text (a
+    # message cannot open a turn). The template's control tokens bound the stretches that are tokenized plain.
+    spans, at = [], 0
+    for m in messages:
+        content = m.content.strip()
+        found = rendered.find(content, at) if content else -1
+        if found >= 0:
+            spans.append((found, found + len(content)))
+            at = found + len(content)
+    ids, offsets = tokenizer.encode_with_offsets(rendered)
+    out: list[int] = []
+    start = 0
+    for token, (begin, end) in zip(ids, offsets, strict=True):
+        inside = any(lo <= begin < hi for lo, hi in spans)
+        if token in tokenizer.added_ids and end > begin and not inside:
+            out += tokenizer.encode_plain(rendered[start:begin]) if begin > start else []
+            out.append(token)
+            start = end
+    if start < len(rendered):
+        out += tokenizer.encode_plain(rendered[start:])
+    return out
+
+
+def _render_turns(tokenizer: Any, turns: list[dict[str, str]]) -> str:
+    """The chat template's text for ``turns``; a template that refuses a system role gets it folded into the
+    first user turn."""
     hf = tokenizer.hf
     kwargs = {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False}
     try:
-        text = hf.apply_chat_template(turns, **kwargs)
+        return str(hf.apply_chat_template(turns, **kwargs))
     except Exception:  # noqa: BLE001 - templates raise anything for a system role; fold it instead
         system = "\n\n".join(t["content"] for t in turns if t["role"] == "system")
         rest = [t for t in turns if t["role"] != "system"] or [{"role": "user", "content": ""}]
         if system:
             rest[0] = {"role": rest[0]["role"], "content": system + "\n\n" + rest[0]["content"]}
         try:
-            text = hf.apply_chat_template(rest, **kwargs)
+            return str(hf.apply_chat_template(rest, **kwargs))
         except Exception as exc:  # noqa: BLE001 - same: report it as one typed error
             raise ContextError(f"Chat: expected the model's chat template to render the messages, but: {exc}") from exc
-    return tokenizer.encode(str(text))
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
