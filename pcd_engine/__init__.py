@@ -24,6 +24,7 @@ from pcd_engine.errors import (
 )
 from pcd_engine.limits import RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL, default_model_path
+from pcd_engine.options import ExtractOptions, PromptFormat
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
 
@@ -42,6 +43,7 @@ __all__ = [
     "Engine",
     "EngineOptions",
     "Exact",
+    "ExtractOptions",
     "ExtractionResult",
     "ExtractionStats",
     "FieldResult",
@@ -55,6 +57,7 @@ __all__ = [
     "OptionError",
     "PCDError",
     "Preset",
+    "PromptFormat",
     "PromptAlignmentError",
     "RequestCancelled",
     "RequestLimits",

@@ -22,6 +22,7 @@ from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, 
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
+from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions
 
 __all__ = ["build_parser", "main"]
 
@@ -90,6 +91,20 @@ def _preset(ref: str) -> tuple[str, Any]:
     if not ref.endswith(".json") and not os.path.exists(ref):
         raise InputError(f"Preset {ref!r}: expected an example preset ({', '.join(EXAMPLE_PRESETS)}) or a .json file.")
     return Path(ref).stem, load_preset(_read_json(ref, "Preset"))
+
+
+def _options(args: argparse.Namespace) -> ExtractOptions:
+    """The decoding flags of ``run`` and ``eval`` as one :class:`ExtractOptions` (unset flags keep defaults)."""
+    return ExtractOptions(
+        strategy=args.strategy,
+        anchor=False if args.no_anchor else None,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        memory_budget_mb=args.memory_budget_mb,
+        instructions=args.instructions,
+        list_choices=False if args.no_list_choices else None,
+        quoted_booleans=True if args.quoted_booleans else None,
+    )
 
 
 def _engine(args: argparse.Namespace) -> Any:
@@ -188,7 +203,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     Engine._check_text(text)  # before the model loads
     engine = _engine(args)
-    out = engine.extract(text, schema, anchor=False if args.no_anchor else None, strategy=args.strategy)
+    out = engine.extract(text, schema, _options(args))
     if args.json:
         print(json.dumps(out.to_json(), indent=2, ensure_ascii=False))
         return 0
@@ -272,7 +287,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     given = _read_json(args.schema, "Schema") if args.schema else None
     schema = eval_schema(args.field, [d.label for d in docs], description=args.description, schema=given)
     engine = _engine(args)
-    options = {"strategy": args.strategy, "anchor": False if args.no_anchor else None}
+    options = _options(args).set_fields()
     with _progress(len(docs), quiet=args.quiet, unit="doc") as tick:
         report = evaluate(
             engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick, **options
@@ -368,8 +383,19 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or loading messages")
 
     def with_decoding(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--strategy", default=None, choices=("marginal", "exact", "trie_walk"))
+        p.add_argument(
+            "--strategy",
+            default=None,
+            choices=(*STRATEGIES, *STRATEGY_ALIASES),
+            help="how labels are decided (default: auto; first_token, trie and greedy are the first pcd's names)",
+        )
         p.add_argument("--no-anchor", action="store_true", help="decide every field in one pass (no anchor wave)")
+        p.add_argument("--temperature", type=float, default=None, help="reshape the reported probabilities (> 0)")
+        p.add_argument("--max-tokens", type=int, default=None, help="token limit of each generated field's value")
+        p.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory of one pass, in MiB")
+        p.add_argument("--instructions", default=None, help="text that replaces pcd's own instruction sentence")
+        p.add_argument("--no-list-choices", action="store_true", help="do not list the allowed values in the prompt")
+        p.add_argument("--quoted-booleans", action="store_true", help='write booleans as "true" / "false"')
 
     p = sub.add_parser("models", help="list model aliases with their PyTorch and MLX checkpoints")
     p.add_argument("--json", action="store_true", help="print JSON")

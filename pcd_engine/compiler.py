@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.prompt import TokenizerView, field_line, tail_tokens
+from pcd_engine.prompt import TokenizerView, field_line, surface, tail_tokens
 from pcd_engine.schema import FieldSpec, Label, flag_key
 
 __all__ = [
@@ -149,8 +149,8 @@ def compile_wave(
     entries: list[tuple[int, int, int, str]] = []
     for f, spec in enumerate(fields):
         for li, label in enumerate(spec.labels):
-            for si, surface in enumerate(label.surfaces):
-                entries.append((f, li, si, field_line(spec.name, surface)))
+            for si, text in enumerate(label.surfaces):
+                entries.append((f, li, si, field_line(spec.name, text)))
     texts = [prefix + line + "\n" for *_, line in entries]
     encoded = tokenizer.hf(texts, add_special_tokens=False, return_offsets_mapping=True)
     cut_paths: list[list[int]] = []
@@ -255,15 +255,18 @@ def questions(spec: FieldSpec) -> tuple[FieldSpec, ...]:
     return tuple(out)
 
 
-def written_value(spec: FieldSpec, value: Any) -> str:
-    """The JSON text of ``value`` as it is written into the prompt for later waves and the open rows."""
+def written_value(spec: FieldSpec, value: Any, *, quoted_booleans: bool = False) -> str:
+    """The JSON text of ``value`` as it is written into the prompt for later waves and the open rows
+    (``quoted_booleans`` writes ``"true"`` / ``"false"``, as the instructions then describe them)."""
     if spec.kind == "multi":
         chosen = {spec.label_index(v) for v in value}
-        flags = {flag_key(label.value): i in chosen for i, label in enumerate(spec.labels)}
+        flags: dict[str, Any] = {flag_key(label.value): i in chosen for i, label in enumerate(spec.labels)}
+        if quoted_booleans:
+            flags = {k: json.dumps(v) for k, v in flags.items()}
         return json.dumps(flags, ensure_ascii=False)
     if spec.kind == "open":
         return json.dumps(value, ensure_ascii=False)
     index = spec.label_index(value)
     if index is None:
         raise ValueError(f"Field {spec.name!r}: {value!r} is not one of its labels.")
-    return spec.labels[index].surfaces[0]
+    return surface(spec.labels[index], quoted_booleans=quoted_booleans)

@@ -19,12 +19,11 @@ answers they would get one by one.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +36,7 @@ from pcd_engine.decoding import Decision, Fixed, choose_strategy
 from pcd_engine.errors import ContextError, LimitError, OptionError, PromptAlignmentError
 from pcd_engine.generation import Generated, Grammars, RowPlan, compile_rows, generate_open
 from pcd_engine.limits import RequestLimits, Watch
+from pcd_engine.options import ExtractOptions, PromptFormat
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line, tail_tokens
 from pcd_engine.request import Request as _Request
@@ -71,6 +71,11 @@ class EngineOptions:
         limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them.
         special_tokens: Read control strings in documents (``<|im_end|>``, ``<|im_start|>system``) as the
             template's control tokens. Off by default: a document is plain text and cannot open a turn.
+        strategy: The default strategy (see :class:`~pcd_engine.options.ExtractOptions`); ``None`` lets the
+            engine choose per field.
+        temperature: The default temperature of the reported probabilities.
+        prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
+            template arguments).
     """
 
     anchor: bool = True
@@ -82,6 +87,9 @@ class EngineOptions:
     max_tokens: int = 64
     limits: RequestLimits = field(default_factory=RequestLimits)
     special_tokens: bool = False
+    strategy: str | None = None
+    temperature: float = 1.0
+    prompt: PromptFormat = field(default_factory=PromptFormat)
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -94,6 +102,24 @@ class EngineOptions:
             raise OptionError(f"top_k: expected an integer >= 1, but got {self.top_k}.")
         if not isinstance(self.limits, RequestLimits):
             raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
+        if not isinstance(self.prompt, PromptFormat):
+            raise OptionError(f"prompt: expected a PromptFormat, but got {type(self.prompt).__name__}.")
+        self.defaults()  # the defaults must themselves be valid options
+
+    def defaults(self) -> ExtractOptions:
+        """Every per-call option at this engine's default; a call's :class:`ExtractOptions` is laid over it."""
+        return ExtractOptions(
+            strategy=self.strategy,
+            temperature=self.temperature,
+            anchor=self.anchor,
+            max_tokens=self.max_tokens,
+            memory_budget_mb=self.memory_budget_mb,
+            instructions=self.prompt.instructions,
+            list_choices=self.prompt.list_choices,
+            quoted_booleans=self.prompt.quoted_booleans,
+            chat_template_kwargs=self.prompt.chat_template_kwargs,
+            limits=self.limits,
+        )
 
 
 def _largest(fits: Callable[[int], bool], *, top: int = 1 << 17) -> int:
@@ -112,16 +138,6 @@ def _largest(fits: Callable[[int], bool], *, top: int = 1 << 17) -> int:
 class _Plan:
     prompt: ChatPrompt
     tail0_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class _Call:
-    """One call's checked settings."""
-
-    temperature: float
-    strategy: str | None
-    max_tokens: int
-    limits: RequestLimits
 
 
 class Engine:
@@ -203,13 +219,10 @@ class Engine:
         self,
         text: str,
         schema: Any,
+        options: ExtractOptions | Mapping[str, Any] | None = None,
         *,
-        temperature: float = 1.0,
-        anchor: bool | None = None,
-        strategy: str | None = None,
-        max_tokens: int | None = None,
-        limits: RequestLimits | None = None,
         cancelled: Callable[[], bool] | None = None,
+        **knobs: Any,
     ) -> ExtractionResult:
         """Fill in ``schema`` from ``text``.
 
@@ -220,14 +233,12 @@ class Engine:
                 example ``<|im_end|>``) are read as plain text unless :attr:`EngineOptions.special_tokens`.
             schema: A Pydantic model class, JSON Schema dict, preset dict, preset file dict or compiled
                 :class:`~pcd_engine.schema.Schema`.
-            temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
-            anchor: Override :attr:`EngineOptions.anchor` for this call.
-            strategy: Force ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every field with several labels.
-            max_tokens: Override :attr:`EngineOptions.max_tokens` (the token limit of each open field's value) for
-                this call; a field's own ``max_tokens`` still wins.
-            limits: Override :attr:`EngineOptions.limits` (labels, generated tokens, time) for this call.
+            options: This call's :class:`~pcd_engine.options.ExtractOptions` (or a mapping of them), laid over
+                the engine's defaults field by field.
             cancelled: Called before every forward pass; once it returns True the call stops with
                 :class:`~pcd_engine.errors.RequestCancelled`.
+            **knobs: Single options by name (``temperature=``, ``anchor=``, ``strategy=``, ``max_tokens=``,
+                ``limits=``, ``instructions=``, ...); they win over ``options``.
 
         Returns:
             The values, per-field evidence, warnings and statistics.
@@ -237,17 +248,19 @@ class Engine:
             ContextError: If the text is empty, not valid Unicode, or too long for the model.
             LimitError: If the request needs more labels, generated tokens or memory than allowed (before any
                 model work).
-            OptionError: If an option is out of range.
+            OptionError: If an option is unknown or out of range.
             RequestCancelled: If ``cancelled`` said so, or (as :class:`~pcd_engine.errors.RequestTimeout`) the
                 time limit passed.
             PromptAlignmentError: If the prompt does not tokenize the way the compiler assumed.
         """
         started = time.perf_counter()
         compiled = compile_schema(schema)
-        call = self._call_options(temperature, strategy, max_tokens, limits)
+        call = self.resolve(options, **knobs)
         document = self._check_text(text)
-        watch = Watch(call.limits.time_limit_s, cancelled)
-        use_anchor = self.options.anchor if anchor is None else anchor
+        limit = call.max_tokens or self.options.max_tokens  # resolved options have every field set
+        watch = Watch((call.limits or self.options.limits).time_limit_s, cancelled)
+        use_anchor = bool(call.anchor)
+        fmt = call.prompt_format
         open_fields = [f for f in compiled.fields if not f.scored]
         self._check_sizes(compiled, open_fields, call)
         for spec in open_fields:
@@ -256,22 +269,22 @@ class Engine:
         passes_before = self.backend.thread_passes
 
         tick = time.perf_counter()
-        plan, prefix = self._lookup_head(compiled)
+        plan, prefix = self._lookup_head(compiled, fmt)
         ids = plan.prompt.request_ids(self.tokenizer, document, special_tokens=self.options.special_tokens)
         if tuple(ids[len(ids) - len(plan.tail0_ids) :]) != plan.tail0_ids:
             raise PromptAlignmentError(
                 "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
                 "their tokenization. Strip unusual trailing characters from the text."
             )
-        deepest = self._check_window(compiled, open_fields, plan, len(ids), call.max_tokens)
-        budget = self._budget_bytes()
+        deepest = self._check_window(compiled, open_fields, plan, len(ids), limit)
+        budget = self._budget_bytes(call)
         self._check_budget(len(ids), deepest, budget)
         phases["tokenize"] += (time.perf_counter() - tick) * 1000
         prefill_passes = 0
         if prefix is None:
             watch.check("the head prefill")
             before = self.backend.thread_passes
-            prefix = self._prefill(compiled, plan, budget, phases)
+            prefix = self._prefill(compiled, fmt, plan, budget, phases)
             prefill_passes = self.backend.thread_passes - before
 
         request = _Request(
@@ -291,17 +304,18 @@ class Engine:
             needed = {dep for later in waves[index + 1 :] for spec in later for dep in spec.depends_on}
             for spec in wave:
                 if spec.name in needed or (use_anchor and index == 0):
-                    request.tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
+                    written = written_value(spec, results[spec.name].value, quoted_booleans=fmt.quoted_booleans)
+                    request.tail_text += field_line(spec.name, written)
                     request.written.add(spec.name)
 
         generation_passes = generated_tokens = 0
         if open_fields:
             tick = time.perf_counter()
             before = self.backend.thread_passes
-            values = self._generate(compiled, plan, request, open_fields, results, call.max_tokens)
+            values = self._generate(compiled, plan, request, open_fields, results, call)
             generation_passes = self.backend.thread_passes - before
             for spec, generated in zip(open_fields, values, strict=True):
-                results[spec.name] = self._generated_result(spec, generated, len(waves), call.max_tokens, warnings)
+                results[spec.name] = self._generated_result(spec, generated, len(waves), limit, warnings)
                 generated_tokens += generated.tokens
             phases["generate"] += (time.perf_counter() - tick) * 1000
 
@@ -332,7 +346,7 @@ class Engine:
         request: _Request,
         wave: Sequence[FieldSpec],
         index: int,
-        call: _Call,
+        call: ExtractOptions,
         phases: dict[str, float],
         results: dict[str, FieldResult],
         warnings: list[str],
@@ -362,7 +376,7 @@ class Engine:
                 n = len(trie.spec.labels)
                 decision = choose_strategy(
                     n, name=call.strategy, marginal_max_labels=self.options.marginal_max_labels
-                ).decide(trie, logprobs, temperature=call.temperature)
+                ).decide(trie, logprobs, temperature=float(call.temperature or 1.0))
                 decided.setdefault(spec.name, []).append(decision)
             phases["decode"] += (time.perf_counter() - tick) * 1000
         for spec in wave:
@@ -380,12 +394,15 @@ class Engine:
         request: _Request,
         open_fields: Sequence[FieldSpec],
         results: dict[str, FieldResult],
-        limit: int,
+        call: ExtractOptions,
     ) -> list[Generated]:
         """Write every closed answer into the prompt, then generate the open rows together."""
+        limit = int(call.max_tokens or self.options.max_tokens)
         for spec in compiled.fields:  # the open rows see every closed answer
             if spec.scored and spec.name not in request.written:
-                request.tail_text += field_line(spec.name, written_value(spec, results[spec.name].value))
+                value = results[spec.name].value
+                written = written_value(spec, value, quoted_booleans=bool(call.quoted_booleans))
+                request.tail_text += field_line(spec.name, written)
         rows = self._rows(compiled, plan.prompt, open_fields, request.tail_text)
         request.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
         prefix_tokens = sum(len(p) for p in rows.prefixes)
@@ -412,52 +429,52 @@ class Engine:
             check=lambda: request.watch.check("a generation pass"),
         )
 
-    def extract_many(self, texts: Iterable[str], schema: Any, **kwargs: Any) -> list[ExtractionResult]:
+    def extract_many(
+        self,
+        texts: Iterable[str],
+        schema: Any,
+        options: ExtractOptions | Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> list[ExtractionResult]:
         """Run :meth:`extract` on each text with the same schema (the head cache is shared).
 
         Args:
             texts: The documents.
             schema: As for :meth:`extract`.
+            options: As for :meth:`extract`.
             **kwargs: Passed to :meth:`extract`.
 
         Returns:
             One result per text, in order.
         """
         compiled = compile_schema(schema)
+        call = self.resolve(options, **{k: v for k, v in kwargs.items() if k != "cancelled"})
         texts = list(texts)
         for i, text in enumerate(texts):
             self._check_text(text, where=f"texts[{i}]")
-        return [self.extract(text, compiled, **kwargs) for text in texts]
+        cancelled = kwargs.get("cancelled")
+        return [self.extract(text, compiled, call, cancelled=cancelled) for text in texts]
 
-    def prompt_for(self, text: str, schema: Any) -> list[int]:
-        """Token ids of the full prompt the model sees for ``text`` (head, document and tail up to ``{``)."""
+    def prompt_for(
+        self, text: str, schema: Any, options: ExtractOptions | Mapping[str, Any] | None = None, **knobs: Any
+    ) -> list[int]:
+        """Token ids of the full prompt the model sees for ``text`` (head, document and tail up to ``{``), with
+        this call's prompt format (``options`` and ``knobs`` as for :meth:`extract`)."""
         compiled = compile_schema(schema)
-        prompt = ChatPrompt.build(self.tokenizer, compiled)
+        prompt = ChatPrompt.build(self.tokenizer, compiled, self.resolve(options, **knobs).prompt_format)
         return prompt.request_ids(self.tokenizer, self._check_text(text), special_tokens=self.options.special_tokens)
 
-    # ------------------------------------------------------------------------------------------ checks
+    def resolve(self, options: ExtractOptions | Mapping[str, Any] | None = None, **knobs: Any) -> ExtractOptions:
+        """The options a call runs with: ``knobs`` over ``options`` over the engine's defaults, field by field.
 
-    def _call_options(self, temperature: Any, strategy: Any, max_tokens: Any, limits: RequestLimits | None) -> _Call:
-        """This call's settings, each checked, with the engine's defaults filled in."""
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise OptionError(f"temperature: expected a number > 0, but got {temperature!r}.")
-        if not math.isfinite(temperature):
-            raise OptionError(f"temperature: expected a finite number, but got {temperature!r}.")
-        if strategy is not None:
-            if not isinstance(strategy, str):
-                raise OptionError(f"strategy: expected a strategy name (a string), but got {strategy!r}.")
-            choose_strategy(2, name=strategy)  # validate before any model work
-        bad_limit = isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-        if max_tokens is not None and bad_limit:
-            raise OptionError(f"max_tokens: expected an integer >= 1, but got {max_tokens!r}.")
-        if limits is not None and not isinstance(limits, RequestLimits):
-            raise OptionError(f"limits: expected a RequestLimits, but got {type(limits).__name__}.")
-        return _Call(
-            temperature=float(temperature),
-            strategy=strategy,
-            max_tokens=self.options.max_tokens if max_tokens is None else max_tokens,
-            limits=limits or self.options.limits,
-        )
+        Raises:
+            OptionError: If an option is unknown or out of range.
+        """
+        given = ExtractOptions.parse(options)
+        single = ExtractOptions.parse(knobs, where="extract")
+        return single.over(given.over(self.options.defaults()))
+
+    # ------------------------------------------------------------------------------------------ checks
 
     @staticmethod
     def _check_text(text: Any, *, where: str = "text") -> str:
@@ -475,9 +492,9 @@ class Engine:
             ) from None
         return stripped
 
-    def _check_sizes(self, schema: Schema, open_fields: Sequence[FieldSpec], call: _Call) -> None:
+    def _check_sizes(self, schema: Schema, open_fields: Sequence[FieldSpec], call: ExtractOptions) -> None:
         """The request's labels and generated tokens against its limits, by counting only (no model work)."""
-        limits = call.limits
+        limits = call.limits or self.options.limits
         labels = sum(len(q.labels) for spec in schema.fields if spec.scored for q in questions(spec))
         if limits.max_labels is not None and labels > limits.max_labels:
             raise LimitError(
@@ -488,7 +505,7 @@ class Engine:
             return
         total = 0
         for spec in open_fields:
-            own = spec.max_tokens or call.max_tokens
+            own = spec.max_tokens or call.max_tokens or self.options.max_tokens
             if own > limits.max_generated_tokens:
                 source = "its x-max-tokens" if spec.max_tokens else "max_tokens"
                 raise LimitError(
@@ -547,8 +564,8 @@ class Engine:
                 f"but even one token needs about {need / 2**20:.1f} MiB. Raise memory_budget_mb or shorten the text."
             )
 
-    def _budget_bytes(self) -> int:
-        budget_mb = self.options.memory_budget_mb or self.backend.default_memory_budget_mb
+    def _budget_bytes(self, call: ExtractOptions) -> int:
+        budget_mb = call.memory_budget_mb or self.backend.default_memory_budget_mb
         return int(budget_mb * 2**20)
 
     def _fit(self, past: int, budget: int, *, extra: int = 0) -> int:
@@ -563,18 +580,20 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ caches and passes
 
-    def _lookup_head(self, schema: Schema) -> tuple[_Plan, Prefix | None]:
-        """The schema's cached head, or its plan and ``None`` when it must be prefilled (nothing is cached yet)."""
+    def _lookup_head(self, schema: Schema, fmt: PromptFormat) -> tuple[_Plan, Prefix | None]:
+        """The schema's cached head in this prompt format, or its plan and ``None`` when it must be prefilled
+        (nothing is cached yet)."""
+        key = schema.fingerprint + fmt.key
         with self._lock:
-            hit = self._heads.get(schema.fingerprint)
+            hit = self._heads.get(key)
             if hit is not None:
-                self._heads.move_to_end(schema.fingerprint)
+                self._heads.move_to_end(key)
                 return hit
-        prompt = ChatPrompt.build(self.tokenizer, schema)
+        prompt = ChatPrompt.build(self.tokenizer, schema, fmt)
         tail0, skip = tail_tokens(self.tokenizer, prompt.boundary_text, prompt.tail_text)
         return _Plan(prompt, tuple(tail0[skip:])), None
 
-    def _prefill(self, schema: Schema, plan: _Plan, budget: int, phases: dict[str, float]) -> Prefix:
+    def _prefill(self, schema: Schema, fmt: PromptFormat, plan: _Plan, budget: int, phases: dict[str, float]) -> Prefix:
         """Prefill the head in causal chunks that fit the budget, then cache it (only once it has succeeded)."""
         head = plan.prompt.head_ids
         chunk = self._fit(len(head), budget)
@@ -584,7 +603,7 @@ class Engine:
         prefix = self.backend.prefill(head, chunk=chunk if chunk < len(head) else None)
         phases["prefill"] += (time.perf_counter() - tick) * 1000
         with self._lock:
-            self._heads[schema.fingerprint] = (plan, prefix)
+            self._heads[schema.fingerprint + fmt.key] = (plan, prefix)
             while len(self._heads) > self.options.head_cache_size:
                 self._heads.popitem(last=False)
         return prefix
@@ -611,14 +630,14 @@ class Engine:
     def _compile(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[Any], tail_text: str) -> CompiledWave:
         return self._cached(
             self._waves,
-            (schema.fingerprint, tail_text, tuple(f.name for f in fields)),
+            (schema.fingerprint, prompt.boundary_text, tail_text, tuple(f.name for f in fields)),
             lambda: compile_wave(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text),
         )
 
     def _rows(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
         return self._cached(
             self._row_plans,
-            (schema.fingerprint, tail_text, tuple(f.name for f in fields)),
+            (schema.fingerprint, prompt.boundary_text, tail_text, tuple(f.name for f in fields)),
             lambda: compile_rows(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text),
         )
 

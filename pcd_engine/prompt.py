@@ -22,11 +22,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.options import PromptFormat
+from pcd_engine.schema import FieldSpec, Label, Schema
 
-__all__ = ["ChatPrompt", "TokenizerView", "describe_value", "field_line", "render_instructions", "tail_tokens"]
+__all__ = [
+    "ChatPrompt",
+    "TokenizerView",
+    "describe_value",
+    "field_line",
+    "render_instructions",
+    "surface",
+    "tail_tokens",
+]
 
 _SENTINEL = "PCDDOCUMENTSENTINEL"
+_DEFAULT_FORMAT = PromptFormat()
 _FALLBACK_TEMPLATE = (
     "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant: {% endif %}"
@@ -97,36 +107,55 @@ class TokenizerView:
         return frozenset(ids)
 
 
-def render_instructions(schema: Schema) -> str:
-    """The system turn: what the schema is, and every key with its allowed values and description."""
+def render_instructions(schema: Schema, fmt: PromptFormat = _DEFAULT_FORMAT) -> str:
+    """The system turn: what the schema is, and every key with its allowed values and description.
+
+    Args:
+        schema: The compiled schema.
+        fmt: The prompt format: custom instructions, whether to list the choices, quoted booleans.
+    """
     lines = []
     if schema.description:
         lines.append(schema.description.strip())
         lines.append("")
-    lines.append(
-        "Read the user's text and answer with one JSON object that has exactly these keys. "
-        + (
-            "Each key takes exactly one of its allowed values."
-            if all(f.kind in ("boolean", "enum") for f in schema.fields)
-            else "Each key takes a value of the kind described."
+    if fmt.instructions is not None:
+        lines.append(fmt.instructions.strip())
+    else:
+        lines.append(
+            "Read the user's text and answer with one JSON object that has exactly these keys. "
+            + (
+                "Each key takes exactly one of its allowed values."
+                if all(f.kind in ("boolean", "enum") for f in schema.fields)
+                else "Each key takes a value of the kind described."
+            )
         )
-    )
     lines.append("")
     for spec in schema.fields:
-        lines.append(_describe(spec))
+        lines.append(_describe(spec, fmt))
     return "\n".join(lines)
 
 
-def _describe(spec: FieldSpec) -> str:
+def surface(label: Label, *, quoted_booleans: bool = False) -> str:
+    """The JSON text a label is written as: its canonical surface, or ``"true"`` / ``"false"`` for a boolean when
+    booleans are quoted (and that spelling is the label's own)."""
+    if quoted_booleans and isinstance(label.value, bool) and len(label.surfaces) > 1:
+        return label.surfaces[1]
+    return label.surfaces[0]
+
+
+def _describe(spec: FieldSpec, fmt: PromptFormat) -> str:
     key = json.dumps(spec.name, ensure_ascii=False)
+    true, false = ('"true"', '"false"') if fmt.quoted_booleans else ("true", "false")
+    written = [surface(l, quoted_booleans=fmt.quoted_booleans) for l in spec.labels]
     if spec.kind == "boolean":
-        allowed = "true or false"
+        allowed = f"{true} or {false}" if len(spec.labels) == 2 else "one of " + ", ".join(written)
     elif spec.kind == "enum":
-        allowed = "one of " + ", ".join(l.surfaces[0] for l in spec.labels)
+        allowed = "one of " + ", ".join(written) if fmt.list_choices else "one of its allowed values"
     elif spec.kind == "multi":
-        allowed = "an object with a true or false flag for each of " + ", ".join(l.surfaces[0] for l in spec.labels)
-        bounds = _item_bounds(spec.min_items, spec.max_items, noun="true")
-        allowed += f" (true when it applies{'; ' + bounds if bounds else ''})"
+        each = "each of " + ", ".join(written) if fmt.list_choices else "each of its allowed values"
+        allowed = f"an object with a {true} or {false} flag for {each}"
+        bounds = _item_bounds(spec.min_items, spec.max_items, noun=true)
+        allowed += f" ({true} when it applies{'; ' + bounds if bounds else ''})"
     else:
         allowed = describe_value(spec.value_schema)
     text = f"- {key}: {allowed}"
@@ -228,17 +257,22 @@ class ChatPrompt:
     plain_until: int = -1
 
     @classmethod
-    def build(cls, tokenizer: TokenizerView, schema: Schema) -> ChatPrompt:
+    def build(cls, tokenizer: TokenizerView, schema: Schema, fmt: PromptFormat = _DEFAULT_FORMAT) -> ChatPrompt:
         """Render ``schema`` with the tokenizer's chat template and find the head and tail boundaries.
 
         Templates without a system role get the instructions at the top of the user turn. Qwen3-style thinking
-        is switched off with ``enable_thinking=False``.
+        is switched off with ``enable_thinking=False`` unless ``fmt.chat_template_kwargs`` says otherwise.
+
+        Args:
+            tokenizer: The model's tokenizer.
+            schema: The compiled schema.
+            fmt: The prompt format.
         """
-        system = render_instructions(schema)
+        system = render_instructions(schema, fmt)
         sentinel = _SENTINEL
         while sentinel in system:  # a description may quote the sentinel; the document goes where ours is
             sentinel += "X"
-        text, folded = _render(tokenizer, system, sentinel)
+        text, folded = _render(tokenizer, system, sentinel, dict(fmt.chat_template_kwargs))
         if text.count(sentinel) != 1:
             raise PromptAlignmentError(
                 "Chat template: expected the user's text to appear once in the rendered prompt, but it appears "
@@ -293,10 +327,11 @@ class ChatPrompt:
         return ids
 
 
-def _render(tokenizer: TokenizerView, system: str, user: str) -> tuple[str, bool]:
+def _render(tokenizer: TokenizerView, system: str, user: str, extra: dict[str, Any]) -> tuple[str, bool]:
     hf = tokenizer.hf
     template = getattr(hf, "chat_template", None) or _FALLBACK_TEMPLATE
-    kwargs = {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False, "chat_template": template}
+    kwargs = {"enable_thinking": False, **extra}
+    kwargs.update(tokenize=False, add_generation_prompt=True, chat_template=template)
     try:
         text = hf.apply_chat_template(
             [{"role": "system", "content": system}, {"role": "user", "content": user}], **kwargs

@@ -49,6 +49,7 @@ from pcd_engine.errors import (
 )
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
+from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
 
 __all__ = ["create_app", "header_timeout_protocol"]
@@ -215,6 +216,18 @@ def create_app(
     async def unexpected(request: Request, exc: Exception) -> Any:  # a request never takes the server down
         return await http_error(request, _HTTPError(500, "internal_error", f"{type(exc).__name__}: {exc}"))
 
+    def client_options(raw: Any, *, where: str = "options") -> ExtractOptions:
+        """A client's options; the server's own limits and memory budget are not the client's to change."""
+        try:
+            options = ExtractOptions.parse(raw, where=where)
+        except OptionError as exc:
+            raise _HTTPError(400, "invalid_request", str(exc), param=where) from None
+        for name in ("limits", "memory_budget_mb"):
+            if getattr(options, name) is not None:
+                message = f"{where}.{name}: set by the server (pcd serve flags), not by a request."
+                raise _HTTPError(400, "invalid_request", message, param=where)
+        return options
+
     def request_parts(data: dict[str, Any]) -> tuple[Any, str, dict[str, Any]]:
         if "schema" not in data:
             raise _HTTPError(400, "invalid_request", "Request: expected a 'schema' (JSON Schema or preset dict).")
@@ -251,11 +264,7 @@ def create_app(
     @app.post("/api/extract")
     async def extract(request: Request) -> Any:
         compiled, context, options = request_parts(await read_json(request))
-        allowed = {"anchor", "strategy", "temperature", "max_tokens"}
-        unknown = sorted(set(options) - allowed)
-        if unknown:
-            raise _HTTPError(400, "invalid_request", f"options: expected keys from {sorted(allowed)}, got {unknown}.")
-        result = await run_engine(request, engine.extract, context, compiled, limits=limits, **options)
+        result = await run_engine(request, engine.extract, context, compiled, client_options(options), limits=limits)
         data = result.to_json()
         data["schema"] = _field_kinds(compiled)
         return data
@@ -334,9 +343,17 @@ def create_app(
             except SchemaError as exc:
                 raise _HTTPError(400, "unsupported_schema", str(exc), param="response_format") from None
             document = document_text([m.content for m in messages])
+            options = client_options(data.get("pcd"), where="pcd")
             temperature = data.get("temperature")
-            extra = {"temperature": temperature} if isinstance(temperature, (int, float)) and temperature > 0 else {}
-            result = await run_engine(request, engine.extract, document, compiled, limits=limits, **extra)
+            if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0:
+                options = ExtractOptions(temperature=temperature).over(options)
+            budget = data.get("max_completion_tokens") or data.get("max_tokens")
+            if budget is not None:  # the token limit of each generated value (the rows run side by side)
+                if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+                    message = "max_tokens: expected a positive integer."
+                    raise _HTTPError(400, "invalid_request", message, param="max_tokens")
+                options = ExtractOptions(max_tokens=budget).over(options)
+            result = await run_engine(request, engine.extract, document, compiled, options, limits=limits)
             content = json.dumps(result.values, ensure_ascii=False)
             completion_tokens = len(engine.tokenizer.encode(content))
             pcd = {k: v for k, v in result.to_json().items() if k != "values"}

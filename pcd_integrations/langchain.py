@@ -28,7 +28,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field
 
-from pcd_engine import ChatMessage, Engine, ExtractionResult, SchemaError, stream_chat
+from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, SchemaError, stream_chat
 from pcd_engine.chat import document_text
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
@@ -64,9 +64,10 @@ def _key(messages: Sequence[BaseMessage]) -> tuple[tuple[str, str], ...]:
 class _Target:
     """What ``with_structured_output`` was given, and how to turn pcd's values back into it."""
 
-    def __init__(self, schema: Any, *, tool: str | None = None) -> None:
+    def __init__(self, schema: Any, *, tool: str | None = None, options: ExtractOptions | None = None) -> None:
         self.schema = schema
         self.tool = tool
+        self.options = options or ExtractOptions()
         self.pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
         if self.pydantic and hasattr(schema, "model_json_schema"):
             self.engine_schema: Any = schema  # Pydantic v2: the engine reads it directly
@@ -119,6 +120,10 @@ class ChatPCD(BaseChatModel):
     """Upper bound on tokens for free-text replies."""
     engine: Any = Field(default=None, exclude=True)
     """A loaded engine to use instead of loading ``model``."""
+    options: dict[str, Any] | None = None
+    """Extraction options for every structured call (:class:`~pcd_engine.ExtractOptions` names: ``anchor``,
+    ``temperature``, ``strategy``, ``instructions``, ...); ``with_structured_output(..., **options)`` overrides
+    them per runnable. An unknown name is an :class:`~pcd_engine.OptionError`."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -158,6 +163,10 @@ class ChatPCD(BaseChatModel):
             tool_choice=True,
             max_output_tokens=self.max_tokens,
         )
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        ExtractOptions.parse(self.options, where="ChatPCD options")  # a bad option fails here, as an OptionError
 
     def get_engine(self) -> Engine:
         """The engine, loaded on first use (shared between chat models of the same model and backend)."""
@@ -237,8 +246,9 @@ class ChatPCD(BaseChatModel):
         """Decide ``target`` for every conversation with ONE engine call."""
         engine = self.get_engine()
         documents = [_document(c) for c in conversations]
+        options = target.options.over(ExtractOptions.parse(self.options, where="ChatPCD options"))
         try:
-            results = engine.extract_many(documents, target.engine_schema)
+            results = engine.extract_many(documents, target.engine_schema, options=options)
         except SchemaError as exc:
             failed = AIMessage(content="", response_metadata={"pcd_error": str(exc), "model_name": self.model_name})
             return [ChatResult(generations=[ChatGeneration(message=failed)]) for _ in documents]
@@ -371,18 +381,20 @@ class ChatPCD(BaseChatModel):
             include_raw: Return ``{"raw", "parsed", "parsing_error"}`` instead of the parsed object.
             method: Accepted for compatibility; every method is answered by the engine.
             strict: Accepted for compatibility; the output always matches the schema.
+            **kwargs: Extraction options (:class:`~pcd_engine.ExtractOptions` names) for this runnable; they win
+                over the chat model's ``options``.
 
         Returns:
             A runnable giving a model instance for Pydantic schemas and a dict otherwise.
 
         Raises:
-            ValueError: On unknown keyword arguments, an unknown method, or a schema of no supported kind.
+            OptionError: On an unknown or bad option (a ``ValueError``).
+            ValueError: On an unknown method, or a schema of no supported kind.
         """
-        if kwargs:
-            raise ValueError(f"with_structured_output: received unsupported arguments {sorted(kwargs)}.")
+        options = ExtractOptions.parse(kwargs, where="with_structured_output")
         if method not in _METHODS:
             raise ValueError(f"with_structured_output: expected method in {list(_METHODS)}, but got {method!r}.")
-        target = _Target(schema)
+        target = _Target(schema, options=options)
         llm = self.bind(
             pcd_schema=target,
             ls_structured_output_format={"kwargs": {"method": method, "strict": strict}, "schema": schema},

@@ -11,7 +11,7 @@ Install with ``pip install "pcd[llamaindex]"``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Sequence
+from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any
 
 from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseGen, LLMMetadata
@@ -24,7 +24,7 @@ from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel
 
-from pcd_engine import ChatMessage, Engine, ExtractionResult, stream_chat
+from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, stream_chat
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
 
@@ -53,12 +53,25 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         output_cls: The Pydantic model to fill.
         prompt: The prompt template whose formatted text is the document to classify.
         engine: A loaded engine.
+        options: Extraction options for every call (:class:`~pcd_engine.ExtractOptions`, or a mapping of its
+            names); ``llm_kwargs`` of a call override them.
+
+    Raises:
+        OptionError: If an option is unknown or out of range.
     """
 
-    def __init__(self, output_cls: type[BaseModel], prompt: BasePromptTemplate, engine: Engine) -> None:
+    def __init__(
+        self,
+        output_cls: type[BaseModel],
+        prompt: BasePromptTemplate,
+        engine: Engine,
+        *,
+        options: ExtractOptions | Mapping[str, Any] | None = None,
+    ) -> None:
         self._output_cls = output_cls
         self._prompt = prompt
         self._engine = engine
+        self.options = ExtractOptions.parse(options, where="PCDPydanticProgram options")
         self.last_result: ExtractionResult | None = None
 
     @classmethod
@@ -69,16 +82,22 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         prompt: BasePromptTemplate | None = None,
         llm: PCDLLM | None = None,
         engine: Engine | None = None,
+        options: ExtractOptions | Mapping[str, Any] | None = None,
         **kwargs: Any,
     ) -> PCDPydanticProgram:
         """Build a program from exactly one prompt form, and an engine (or a :class:`PCDLLM`, or the default).
 
+        Extraction options come from ``options`` and, by name, from ``kwargs``; a :class:`PCDLLM`'s own options
+        are the base they override.
+
         Raises:
+            OptionError: If an option is unknown or out of range (a ``ValueError``).
             ValueError: If both or neither of ``prompt_template_str`` and ``prompt`` are given, both ``llm`` and
                 ``engine`` are given, or ``llm`` is not a :class:`PCDLLM`.
         """
-        if kwargs:
-            raise ValueError(f"PCDPydanticProgram.from_defaults: unexpected arguments {sorted(kwargs)}.")
+        given = ExtractOptions.parse(kwargs, where="PCDPydanticProgram.from_defaults").over(
+            ExtractOptions.parse(options, where="PCDPydanticProgram.from_defaults options")
+        )
         if (prompt_template_str is None) == (prompt is None):
             raise ValueError(
                 "PCDPydanticProgram.from_defaults: expected exactly one of prompt_template_str or prompt, but got "
@@ -89,7 +108,9 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         if llm is not None and not isinstance(llm, PCDLLM):
             raise ValueError(f"PCDPydanticProgram.from_defaults: expected a PCDLLM, but got {type(llm).__name__}.")
         chosen = engine or (llm.get_engine() if llm is not None else shared_engine(None, "auto"))
-        return cls(output_cls, prompt or PromptTemplate(str(prompt_template_str)), chosen)
+        if llm is not None:
+            given = given.over(llm.extract_options)
+        return cls(output_cls, prompt or PromptTemplate(str(prompt_template_str)), chosen, options=given)
 
     @property
     def output_cls(self) -> type[BaseModel]:
@@ -104,8 +125,10 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         self._prompt = prompt
 
     def __call__(self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> BaseModel:
-        """Format the prompt with ``kwargs`` and fill the model from that text."""
-        result = self._engine.extract(_prompt_text(self._prompt, **kwargs), self._output_cls)
+        """Format the prompt with ``kwargs`` and fill the model from that text (``llm_kwargs``: extraction
+        options for this call, over the program's)."""
+        options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
+        result = self._engine.extract(_prompt_text(self._prompt, **kwargs), self._output_cls, options)
         self.last_result = result
         return result.model
 
@@ -135,11 +158,20 @@ class PCDLLM(CustomLLM):
     model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
     backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
     max_tokens: int = Field(default=256, description="Upper bound on tokens for free-text replies.")
+    options: dict[str, Any] | None = Field(
+        default=None, description="Extraction options (ExtractOptions names) for structured predictions."
+    )
     _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, *, engine: Engine | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._engine = engine
+        _ = self.extract_options  # a bad option fails here, as an OptionError
+
+    @property
+    def extract_options(self) -> ExtractOptions:
+        """``options`` as an :class:`~pcd_engine.ExtractOptions`."""
+        return ExtractOptions.parse(self.options, where="PCDLLM options")
 
     @classmethod
     def class_name(cls) -> str:
@@ -185,27 +217,27 @@ class PCDLLM(CustomLLM):
         return gen()
 
     def _program(self, output_cls: type[BaseModel], prompt: BasePromptTemplate) -> PCDPydanticProgram:
-        return PCDPydanticProgram(output_cls, prompt, self.get_engine())
+        return PCDPydanticProgram(output_cls, prompt, self.get_engine(), options=self.extract_options)
 
     def structured_predict(  # type: ignore[override]
         self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
     ) -> BaseModel:
-        return self._program(output_cls, prompt)(**args)
+        return self._program(output_cls, prompt)(llm_kwargs=llm_kwargs, **args)
 
     async def astructured_predict(  # type: ignore[override]
         self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
     ) -> BaseModel:
-        return await self._program(output_cls, prompt).acall(**args)
+        return await self._program(output_cls, prompt).acall(llm_kwargs=llm_kwargs, **args)
 
     def stream_structured_predict(  # type: ignore[override]
         self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
     ) -> Generator[BaseModel, None, None]:
-        return self._program(output_cls, prompt).stream_call(**args)
+        return self._program(output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **args)
 
     async def astream_structured_predict(  # type: ignore[override]
         self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
     ) -> AsyncGenerator[BaseModel, None]:
-        return await self._program(output_cls, prompt).astream_call(**args)
+        return await self._program(output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **args)
 
 
 def _json_safe(value: Any) -> Any:
@@ -224,11 +256,13 @@ class PCDMetadataExtractor(BaseExtractor):
     output_cls: Any = Field(description="The Pydantic model whose fields are the tags.")
     batch_size: int = Field(default=16, gt=0, description="Nodes per engine call.")
     store_probabilities: bool = Field(default=False, description="Also store each field's probability.")
+    options: dict[str, Any] | None = Field(default=None, description="Extraction options (ExtractOptions names).")
     _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, output_cls: type[BaseModel], *, engine: Engine | None = None, **kwargs: Any) -> None:
         super().__init__(output_cls=output_cls, **kwargs)
         self._engine = engine
+        ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")  # fails here, as an OptionError
 
     @classmethod
     def class_name(cls) -> str:
@@ -249,13 +283,15 @@ class PCDMetadataExtractor(BaseExtractor):
     def extract_batches(self, nodes: Sequence[BaseNode]) -> list[dict[str, Any]]:
         """One metadata dict per node, in order, from one engine call per ``batch_size`` nodes."""
         engine = self._get_engine()
+        options = ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")
         texts = [n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
         # Nodes with no text are skipped (an empty dict), so one blank chunk never stops a whole ingestion.
         todo = [i for i, t in enumerate(texts) if t.strip()]
         out: list[dict[str, Any]] = [{} for _ in nodes]
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]
-            for i, result in zip(chunk, engine.extract_many([texts[i] for i in chunk], self.output_cls), strict=True):
+            results = engine.extract_many([texts[i] for i in chunk], self.output_cls, options=options)
+            for i, result in zip(chunk, results, strict=True):
                 out[i] = self._tags(result)
         return out
 

@@ -17,6 +17,7 @@ EXPECTED_ENGINE = [
     "Engine",
     "EngineOptions",
     "Exact",
+    "ExtractOptions",
     "ExtractionResult",
     "ExtractionStats",
     "FieldResult",
@@ -31,6 +32,7 @@ EXPECTED_ENGINE = [
     "PCDError",
     "Preset",
     "PromptAlignmentError",
+    "PromptFormat",
     "RequestCancelled",
     "RequestLimits",
     "RequestTimeout",
@@ -138,7 +140,7 @@ MODULE_ALL = {
         "load_dataset",
     ],
     "pcd_engine.plots": ["plot_bench", "plot_eval"],
-    "pcd_engine.server": ["create_app"],
+    "pcd_engine.server": ["create_app", "header_timeout_protocol"],
     "pcd_engine.constraints": [
         "MAX_INT_LABELS",
         "MAX_SCHEMA_DEPTH",
@@ -153,6 +155,7 @@ MODULE_ALL = {
     ],
     "pcd_engine.limits": ["SERVER_LIMITS", "RequestLimits", "Watch"],
     "pcd_engine.request": ["Request"],
+    "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "ExtractOptions", "PromptFormat"],
 }
 
 

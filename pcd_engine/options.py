@@ -1,0 +1,203 @@
+"""One options object for every call, from every surface: :class:`ExtractOptions`.
+
+The command line, the HTTP APIs and the LangChain and LlamaIndex adapters each map their own knobs onto an
+:class:`ExtractOptions`; the engine merges it over its :class:`~pcd_engine.engine.EngineOptions` field by field
+(a field left ``None`` keeps the engine's default). A setting is honoured or refused, never dropped: an unknown
+name is an :class:`~pcd_engine.errors.OptionError` that names it and the nearest known one, on every surface.
+
+The prompt format (``instructions``, ``list_choices``, ``quoted_booleans``, ``chat_template_kwargs``) changes the
+prompt the model sees, so it is part of the key of the schema's cached head.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from pcd_engine.errors import OptionError
+from pcd_engine.limits import RequestLimits
+
+__all__ = ["STRATEGIES", "STRATEGY_ALIASES", "ExtractOptions", "PromptFormat"]
+
+STRATEGIES = ("marginal", "exact", "trie_walk")
+# The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
+# labels, the trie walk above); "first_token" was the marginal of the first token where labels differ; "trie" and
+# "greedy" walked the trie greedily. "hybrid" has no counterpart and is refused with the nearest real name.
+STRATEGY_ALIASES: Mapping[str, str | None] = {
+    "auto": None,
+    "first_token": "marginal",
+    "trie": "trie_walk",
+    "greedy": "trie_walk",
+}
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """How the instructions are written (a field of the cache key of a schema's head).
+
+    Attributes:
+        instructions: Text that replaces pcd's own instruction sentence ("Read the user's text and answer with one
+            JSON object..."); ``None`` keeps it.
+        list_choices: List each closed field's allowed values in the instructions. Off, the model sees only the
+            keys and descriptions (the labels are still the only answers it can give).
+        quoted_booleans: Write booleans as ``"true"`` / ``"false"`` in the instructions and in the answers written
+            into the prompt; both spellings are scored either way.
+        chat_template_kwargs: Extra keyword arguments for the tokenizer's ``apply_chat_template``, as sorted
+            ``(name, value)`` pairs.
+    """
+
+    instructions: str | None = None
+    list_choices: bool = True
+    quoted_booleans: bool = False
+    chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def key(self) -> str:
+        """A stable text key of the format (empty for the default format)."""
+        if self == PromptFormat():
+            return ""
+        return repr((self.instructions, self.list_choices, self.quoted_booleans, self.chat_template_kwargs))
+
+
+@dataclass(frozen=True)
+class ExtractOptions:
+    """A call's settings; ``None`` keeps the engine's default for that field.
+
+    Attributes:
+        strategy: ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every field with several labels, or ``None``
+            / ``"auto"`` for the engine's choice; the aliases of :data:`STRATEGY_ALIASES` are accepted.
+        temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
+        anchor: Decide the first closed field alone and write it into the prompt before the others.
+        max_tokens: The most tokens generated for one open field's value (a field's own ``x-max-tokens`` wins).
+        memory_budget_mb: The estimated peak memory of one pass, in MiB.
+        instructions: See :class:`PromptFormat`.
+        list_choices: See :class:`PromptFormat`.
+        quoted_booleans: See :class:`PromptFormat`.
+        chat_template_kwargs: See :class:`PromptFormat` (a mapping is accepted and stored as sorted pairs).
+        limits: Per-request limits (labels, generated tokens, time).
+
+    Raises:
+        OptionError: On construction, if a value has the wrong type or is out of range.
+    """
+
+    strategy: str | None = None
+    temperature: float | None = None
+    anchor: bool | None = None
+    max_tokens: int | None = None
+    memory_budget_mb: float | None = None
+    instructions: str | None = None
+    list_choices: bool | None = None
+    quoted_booleans: bool | None = None
+    chat_template_kwargs: Any = None
+    limits: RequestLimits | None = None
+
+    def __post_init__(self) -> None:
+        if self.strategy is not None:
+            object.__setattr__(self, "strategy", _strategy(self.strategy))
+        t = self.temperature
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
+            raise OptionError(f"temperature: expected a number > 0, but got {t!r}.")
+        if t is not None and not math.isfinite(t):
+            raise OptionError(f"temperature: expected a finite number, but got {t!r}.")
+        for name in ("anchor", "list_choices", "quoted_booleans"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise OptionError(f"{name}: expected true or false, but got {value!r}.")
+        n = self.max_tokens
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise OptionError(f"max_tokens: expected an integer >= 1, but got {n!r}.")
+        m = self.memory_budget_mb
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
+            raise OptionError(f"memory_budget_mb: expected a positive number, but got {m!r}.")
+        if self.instructions is not None and (not isinstance(self.instructions, str) or not self.instructions.strip()):
+            raise OptionError(f"instructions: expected a non-empty string, but got {self.instructions!r}.")
+        if self.chat_template_kwargs is not None:
+            object.__setattr__(self, "chat_template_kwargs", _pairs(self.chat_template_kwargs))
+        if self.limits is not None and not isinstance(self.limits, RequestLimits):
+            raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
+
+    @classmethod
+    def parse(cls, data: ExtractOptions | Mapping[str, Any] | None, *, where: str = "options") -> ExtractOptions:
+        """Options from a surface's mapping (JSON, keyword arguments); an unknown name is refused.
+
+        Args:
+            data: A mapping of option names to values, an :class:`ExtractOptions`, or ``None``.
+            where: What the mapping is called on its surface, for messages.
+
+        Raises:
+            OptionError: If a name is unknown (the message names the nearest known one) or a value is bad.
+        """
+        if data is None:
+            return cls()
+        if isinstance(data, ExtractOptions):
+            return data
+        if not isinstance(data, Mapping):
+            raise OptionError(f"{where}: expected an object of option names to values, but got {type(data).__name__}.")
+        known = [f.name for f in fields(cls)]
+        for name in data:
+            if name not in known:
+                near = difflib.get_close_matches(str(name), known, n=1)
+                hint = f" Did you mean {near[0]!r}?" if near else ""
+                raise OptionError(f"{where}: unknown option {name!r}.{hint} Known options: {', '.join(known)}.")
+        values = dict(data)
+        if isinstance(values.get("limits"), Mapping):
+            try:
+                values["limits"] = RequestLimits(**values["limits"])
+            except TypeError as exc:
+                raise OptionError(f"{where}.limits: {exc}.") from None
+        return cls(**values)
+
+    def over(self, base: ExtractOptions) -> ExtractOptions:
+        """These options laid over ``base``: every field set here wins, the others come from ``base``."""
+        changes = {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+        return replace(base, **changes)
+
+    def set_fields(self) -> dict[str, Any]:
+        """The fields that are set (not ``None``), by name."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    @property
+    def prompt_format(self) -> PromptFormat:
+        """The prompt format these options ask for (unset fields take the format's defaults)."""
+        return PromptFormat(
+            instructions=self.instructions,
+            list_choices=True if self.list_choices is None else self.list_choices,
+            quoted_booleans=bool(self.quoted_booleans),
+            chat_template_kwargs=self.chat_template_kwargs or (),
+        )
+
+
+def _strategy(name: Any) -> str | None:
+    if not isinstance(name, str):
+        raise OptionError(f"strategy: expected a strategy name (a string), but got {name!r}.")
+    if name in STRATEGIES:
+        return name
+    if name in STRATEGY_ALIASES:
+        return STRATEGY_ALIASES[name]
+    if name == "hybrid":
+        raise OptionError(
+            "strategy: 'hybrid' has no counterpart in this pcd; the nearest is 'auto' (marginal up to "
+            "marginal_max_labels labels, trie_walk above), or 'exact' to score full label sequences."
+        )
+    known = [*STRATEGIES, *STRATEGY_ALIASES]
+    near = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {near[0]!r}?" if near else ""
+    raise OptionError(f"Strategy: expected one of {known} (aliases of the first pcd included), but got {name!r}.{hint}")
+
+
+def _pairs(value: Any) -> tuple[tuple[str, Any], ...]:
+    if isinstance(value, tuple) and all(isinstance(p, tuple) and len(p) == 2 for p in value):
+        value = dict(value)
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise OptionError(f"chat_template_kwargs: expected an object of keyword arguments, but got {value!r}.")
+    for k, v in value.items():
+        try:
+            hash(v)
+        except TypeError:
+            raise OptionError(
+                f"chat_template_kwargs.{k}: expected a plain value (str, number, bool), got {v!r}."
+            ) from None
+    return tuple(sorted(value.items()))
