@@ -17,7 +17,10 @@ from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import BIG, SHARED_PREFIXES, TEXT, packed_logprobs
 from tests.conftest import load_mlx_twin, mlx_available, save_tiny, tiny_model
 
-pytestmark = pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
+pytestmark = [
+    pytest.mark.mlx,
+    pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')"),
+]
 
 AGREEMENT_ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
 

@@ -119,6 +119,7 @@ def test_check_fails_when_tree_positions_are_wrong(capsys, tiny, monkeypatch):
     assert rows["example presets compile"][1] == "pass"
 
 
+@pytest.mark.mlx
 @pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")
 def test_check_on_mlx(capsys, tiny):
     code, out, _ = run(capsys, "check", tiny, "--backend", "mlx", "-q")

@@ -15,7 +15,10 @@ import pytest
 from tests.conformance import SHARED_PREFIXES, TEXT, BackendConformance, check_paths, packed_logprobs
 from tests.conftest import ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
 
-pytestmark = pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
+pytestmark = [
+    pytest.mark.mlx,
+    pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')"),
+]
 
 
 def mlx_copy(cache):

@@ -166,8 +166,10 @@ def test_unsupported_field_fails_when_invoked_not_when_built(llm):
 
 def test_bad_arguments_are_value_errors():
     llm = ChatPCD()
-    with pytest.raises(ValueError, match=r"unsupported arguments \['temperature'\]"):
+    with pytest.raises(ValueError, match="temperature: expected a number > 0"):  # an OptionError
         llm.with_structured_output(Ticket, temperature=0)
+    with pytest.raises(ValueError, match="unknown option 'beam'"):
+        llm.with_structured_output(Ticket, beam=3)
     with pytest.raises(ValueError, match="expected method in"):
         llm.with_structured_output(Ticket, method="xml")
     with pytest.raises(ValueError, match="Schema: expected a Pydantic model class, a TypedDict"):

@@ -13,6 +13,7 @@ from pcd_engine.models import mlx_config_overrides
 from tests.conformance import SHARED_PREFIXES, TEXT
 from tests.conftest import mlx_available, save_tiny, tiny_model
 
+pytestmark = pytest.mark.mlx
 needs_mlx = pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
 
 
