@@ -34,6 +34,7 @@ from typing import Any
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.prompt import TokenizerView, field_line, surface, tail_tokens
 from pcd_engine.schema import FieldSpec, Label, flag_key
+from pcd_engine.tree import TokenTree, TrieBuilder
 
 __all__ = [
     "CompiledWave",
@@ -79,26 +80,6 @@ class FieldTrie:
     spec: FieldSpec
     paths: tuple[LabelPath, ...]
     decision_depth: int
-
-
-@dataclass(frozen=True)
-class TokenTree:
-    """The token trie of a wave, as flat arrays.
-
-    Attributes:
-        tokens: Token id of each node.
-        parents: Parent node id of each node, or -1 for children of the root (the last causal token).
-        depths: Depth of each node; children of the root have depth 0.
-        packed: Ids of the nodes with children, parents before children. These are fed to the model.
-    """
-
-    tokens: tuple[int, ...]
-    parents: tuple[int, ...]
-    depths: tuple[int, ...]
-    packed: tuple[int, ...]
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
 
 @dataclass(frozen=True)
@@ -172,32 +153,13 @@ def compile_wave(
             "changed it."
         )
 
-    node_of: dict[tuple[int, ...], int] = {}
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
-    has_child: list[bool] = []
+    trie = TrieBuilder()
     per_field: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in fields]
     for (f, li, si, _line), ids in zip(entries, cut_paths, strict=True):
         rel = ids[start:]
         if not rel:
             raise PromptAlignmentError(f"Field {fields[f].name!r}: expected value tokens after the tail, but got none.")
-        nodes = []
-        parent = -1
-        for depth in range(len(rel)):
-            key = tuple(rel[: depth + 1])
-            node = node_of.get(key)
-            if node is None:
-                node = len(tokens)
-                node_of[key] = node
-                tokens.append(rel[depth])
-                parents.append(parent)
-                depths.append(depth)
-                has_child.append(False)
-            if parent >= 0:
-                has_child[parent] = True
-            nodes.append(node)
-            parent = node
+        nodes = trie.add(rel)
         per_field[f].append((li, si, tuple(nodes)))
 
     tries = []
@@ -224,11 +186,12 @@ def compile_wave(
             paths.append(LabelPath(li, si, chain, ident))
         tries.append(FieldTrie(spec, tuple(paths), depth))
 
+    with_children = set(trie.parents)
     tree = TokenTree(
-        tokens=tuple(tokens),
-        parents=tuple(parents),
-        depths=tuple(depths),
-        packed=tuple(i for i, c in enumerate(has_child) if c),
+        tokens=tuple(trie.tokens),
+        parents=tuple(trie.parents),
+        depths=tuple(trie.depths),
+        packed=tuple(i for i in range(len(trie.tokens)) if i in with_children),
     )
     return CompiledWave(tail_ids=tuple(base[skip:]), causal_len=start - skip, tree=tree, fields=tuple(tries))
 

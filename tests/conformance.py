@@ -99,7 +99,9 @@ class BackendConformance:
     def check_against_brute_force(self, backend: Any, wave: Any, context: list[int], logprobs: np.ndarray) -> None:
         check_paths(lambda c, p: self.brute_force(backend, c, p), wave, context, logprobs)
 
-    @pytest.mark.parametrize("preset", [SHARED_PREFIXES, BIG], ids=["shared-prefixes", "300-labels"])
+    @pytest.mark.parametrize(
+        "preset", [SHARED_PREFIXES, pytest.param(BIG, marks=pytest.mark.slow)], ids=["shared-prefixes", "300-labels"]
+    )
     def test_packed_equals_brute_force(self, backend, preset):
         run = packed_logprobs(backend, preset)
         assert len(run["passes"]) == 1

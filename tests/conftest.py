@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.planner import TreeBatch
+from pcd_engine.tree import TreeBatch
 
 # No test may reach the Hugging Face Hub: set before transformers / huggingface_hub are imported.
 os.environ["HF_HUB_OFFLINE"] = "1"

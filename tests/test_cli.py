@@ -256,6 +256,7 @@ def test_console_script_end_to_end(tmp_path):
 # ------------------------------------------------------------------------------------------------ bench
 
 
+@pytest.mark.slow
 def test_bench_against_both_baselines(capsys, tiny, tmp_path):
     plot, raw = tmp_path / "bench.png", tmp_path / "bench.json"
     argv = ["bench", tiny, "support_triage", "catalogue_255", "--against", "ar,outlines", "--repeats", "1"]

@@ -270,6 +270,7 @@ def test_forced_tool_call_fills_the_arguments(llm):
     assert call["name"] == "Route" and Route(**call["args"]) == llm.with_structured_output(Route).invoke(TICKET)
 
 
+@pytest.mark.real_model
 class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests):
     """langchain-tests' integration suite on the embedded SmolLM2."""
 

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.planner import TreeBatch
+from pcd_engine.tree import TreeBatch, TrieBuilder
 
 __all__ = ["Backend", "Chooser", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
 
@@ -192,28 +192,15 @@ class Backend(ABC):
         """Rows as branches of one growing tree in a fork of the state's cache: every node sees the state, the
         causal block and its ancestors (the same visibility as a scored tree), and stays in the fork."""
         cache = self._fork(state.cache)
-        tokens: list[int] = []
-        parents: list[int] = []
-        depths: list[int] = []
-        node_of: dict[tuple[int, ...], int] = {}
-        ends: list[int] = []
-        for prefix in prefixes:
-            parent = -1
-            for depth in range(len(prefix)):
-                key = tuple(prefix[: depth + 1])
-                if key not in node_of:
-                    node_of[key] = len(tokens)
-                    tokens.append(prefix[depth])
-                    parents.append(parent)
-                    depths.append(depth)
-                parent = node_of[key]
-            ends.append(parent)
+        trie = TrieBuilder()
+        ends = [trie.add(prefix)[-1] for prefix in prefixes]
+        tokens = trie.tokens
         past = state.length
         new = list(range(len(tokens)))
         active = list(range(len(prefixes)))
         first = True
         while active:
-            tree = TreeBatch(tuple(tokens), tuple(parents), tuple(depths), (), (), ())
+            tree = trie.batch()
             if first:
                 visible, qpos, kpos = tree.visibility(past, len(causal))
                 feed, read = causal + tokens, [len(causal) + ends[r] for r in active]
@@ -231,10 +218,7 @@ class Backend(ABC):
                 if done or not chosen:
                     continue
                 for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
-                    tokens.append(int(token))
-                    parents.append(ends[row])
-                    depths.append(depths[ends[row]] + 1)
-                    ends[row] = len(tokens) - 1
+                    ends[row] = trie.append(ends[row], int(token))
                     new.append(ends[row])
                 going.append(row)
             active = going

@@ -22,7 +22,7 @@ import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
 from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
-from pcd_engine.planner import TreeBatch
+from pcd_engine.tree import TreeBatch
 
 __all__ = ["TorchBackend"]
 
