@@ -298,6 +298,7 @@ DOCS = [
 ]
 
 
+@pytest.mark.slow
 def test_eval_jsonl_against_both_baselines(capsys, tiny, tmp_path):
     data = write_jsonl(tmp_path / "d.jsonl", DOCS)
     plot, raw = tmp_path / "eval.png", tmp_path / "eval.json"

@@ -185,6 +185,7 @@ def test_head_cache_is_bounded_and_reused(smol_tokenizer, engine):
 # ------------------------------------------------------------------------------------------ chat templates
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen3", "llama3", "gemma3"])
 def test_real_chat_templates(name):
     tokenizer = template_tokenizer(name)
