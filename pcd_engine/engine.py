@@ -40,7 +40,14 @@ from pcd_engine.options import ExtractOptions, PromptFormat
 from pcd_engine.planner import TreeBatch, plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line, tail_tokens
 from pcd_engine.request import Request as _Request
-from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
+from pcd_engine.result import (
+    ExtractionResult,
+    ExtractionStats,
+    FieldResult,
+    generated_result,
+    multi_result,
+    scored_result,
+)
 from pcd_engine.schema import FieldSpec, Schema, compile_schema
 
 __all__ = ["Engine", "EngineOptions"]
@@ -315,7 +322,7 @@ class Engine:
             values = self._generate(compiled, plan, request, open_fields, results, call)
             generation_passes = self.backend.thread_passes - before
             for spec, generated in zip(open_fields, values, strict=True):
-                results[spec.name] = self._generated_result(spec, generated, len(waves), limit, warnings)
+                results[spec.name] = generated_result(spec, generated, len(waves), limit, warnings)
                 generated_tokens += generated.tokens
             phases["generate"] += (time.perf_counter() - tick) * 1000
 
@@ -381,11 +388,25 @@ class Engine:
             phases["decode"] += (time.perf_counter() - tick) * 1000
         for spec in wave:
             if spec.kind == "multi":
-                results[spec.name] = self._multi_result(spec, decided[spec.name], index, warnings)
+                results[spec.name] = multi_result(
+                    spec,
+                    decided[spec.name],
+                    index,
+                    warnings,
+                    top_k=self.options.top_k,
+                    low_mass_warning=self.options.low_mass_warning,
+                )
             else:
                 fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
                 decision = decided[spec.name][0] if spec.name in decided else fixed
-                results[spec.name] = self._field_result(spec, decision, index, warnings)
+                results[spec.name] = scored_result(
+                    spec,
+                    decision,
+                    index,
+                    warnings,
+                    top_k=self.options.top_k,
+                    low_mass_warning=self.options.low_mass_warning,
+                )
 
     def _generate(
         self,
@@ -685,81 +706,3 @@ class Engine:
                 self._feed_ahead(request, keep=1)
                 passes = ahead
         return passes
-
-    def _multi_result(
-        self, spec: FieldSpec, decisions: Sequence[Decision], wave: int, warnings: list[str]
-    ) -> FieldResult:
-        """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
-        or kept, and the list is in label order."""
-        yes = [d.probabilities[0] for d in decisions]
-        by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
-        chosen = {i for i in by_yes if yes[i] >= 0.5}
-        chosen |= set(by_yes[: spec.min_items])
-        if spec.max_items is not None and len(chosen) > spec.max_items:
-            chosen = set([i for i in by_yes if i in chosen][: spec.max_items])
-        masses = [d.candidate_mass for d in decisions if d.candidate_mass is not None]
-        mass = min(masses) if masses else None
-        if mass is not None and mass < self.options.low_mass_warning:
-            warnings.append(
-                f"Field {spec.name!r}: the model put only {mass:.1%} of its probability on true or false for some "
-                "of the labels; it wanted to write something else."
-            )
-        sure = [yes[i] if i in chosen else 1.0 - yes[i] for i in range(len(yes))]
-        return FieldResult(
-            name=spec.name,
-            value=[spec.labels[i].value for i in sorted(chosen)],
-            probability=min(sure),
-            candidate_mass=mass,
-            method=decisions[0].method,
-            alternatives=tuple(Alternative(spec.labels[i].value, yes[i]) for i in by_yes[: self.options.top_k]),
-            wave=wave,
-            label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
-        )
-
-    def _generated_result(
-        self, spec: FieldSpec, generated: Generated, wave: int, default_limit: int, warnings: list[str]
-    ) -> FieldResult:
-        if generated.truncated:
-            limit = spec.max_tokens or default_limit
-            what = "closed where it was cut" if generated.valid else "could not be completed and is null"
-            warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; it was {what}.")
-        elif not generated.valid:
-            warnings.append(f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is null.")
-        return FieldResult(
-            name=spec.name,
-            value=generated.value,
-            probability=None,
-            candidate_mass=None,
-            method="generated",
-            alternatives=(),
-            wave=wave,
-            source="generated",
-            mean_logprob=generated.mean_logprob,
-            tokens=generated.tokens,
-            truncated=generated.truncated,
-        )
-
-    def _field_result(self, spec: Any, decision: Any, wave: int, warnings: list[str]) -> FieldResult:
-        probs = decision.probabilities
-        order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[: self.options.top_k]
-        alternatives = tuple(Alternative(spec.labels[i].value, probs[i]) for i in order)
-        mass = decision.candidate_mass
-        if mass is not None and mass < self.options.low_mass_warning:
-            warnings.append(
-                f"Field {spec.name!r}: the model put only {mass:.1%} of its probability on the allowed labels; "
-                "it wanted to write something else."
-            )
-        if len(order) > 1 and probs[order[0]] - probs[order[1]] < 0.02:
-            warnings.append(
-                f"Field {spec.name!r}: {spec.labels[order[0]].value!r} and {spec.labels[order[1]].value!r} are "
-                f"nearly tied ({probs[order[0]]:.2f} vs {probs[order[1]]:.2f})."
-            )
-        return FieldResult(
-            name=spec.name,
-            value=spec.labels[decision.label].value,
-            probability=probs[decision.label],
-            candidate_mass=mass,
-            method=decision.method,
-            alternatives=alternatives,
-            wave=wave,
-        )

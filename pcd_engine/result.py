@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from pcd_engine.schema import LabelValue, Schema
+from pcd_engine.schema import FieldSpec, LabelValue, Schema
 
-__all__ = ["Alternative", "ExtractionResult", "ExtractionStats", "FieldResult"]
+if TYPE_CHECKING:
+    from pcd_engine.decoding import Decision
+    from pcd_engine.generation import Generated
+
+__all__ = [
+    "Alternative",
+    "ExtractionResult",
+    "ExtractionStats",
+    "FieldResult",
+    "generated_result",
+    "multi_result",
+    "scored_result",
+]
 
 
 @dataclass(frozen=True)
@@ -181,3 +193,98 @@ class ExtractionResult:
             or (f.candidate_mass is not None and f.candidate_mass < min_candidate_mass)
             or f.truncated
         ]
+
+
+# ---------------------------------------------------------------------------------------------------- building
+
+
+def multi_result(
+    spec: FieldSpec,
+    decisions: Sequence[Decision],
+    wave: int,
+    warnings: list[str],
+    *,
+    top_k: int,
+    low_mass_warning: float,
+) -> FieldResult:
+    """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
+    or kept, and the list is in label order."""
+    yes = [d.probabilities[0] for d in decisions]
+    by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
+    chosen = {i for i in by_yes if yes[i] >= 0.5}
+    chosen |= set(by_yes[: spec.min_items])
+    if spec.max_items is not None and len(chosen) > spec.max_items:
+        chosen = set([i for i in by_yes if i in chosen][: spec.max_items])
+    masses = [d.candidate_mass for d in decisions if d.candidate_mass is not None]
+    mass = min(masses) if masses else None
+    if mass is not None and mass < low_mass_warning:
+        warnings.append(
+            f"Field {spec.name!r}: the model put only {mass:.1%} of its probability on true or false for some "
+            "of the labels; it wanted to write something else."
+        )
+    sure = [yes[i] if i in chosen else 1.0 - yes[i] for i in range(len(yes))]
+    return FieldResult(
+        name=spec.name,
+        value=[spec.labels[i].value for i in sorted(chosen)],
+        probability=min(sure),
+        candidate_mass=mass,
+        method=decisions[0].method,
+        alternatives=tuple(Alternative(spec.labels[i].value, yes[i]) for i in by_yes[:top_k]),
+        wave=wave,
+        label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
+    )
+
+
+def generated_result(
+    spec: FieldSpec, generated: Generated, wave: int, default_limit: int, warnings: list[str]
+) -> FieldResult:
+    """A generated field's result; a cut or invalid value adds a warning."""
+    if generated.truncated:
+        limit = spec.max_tokens or default_limit
+        what = "closed where it was cut" if generated.valid else "could not be completed and is null"
+        warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; it was {what}.")
+    elif not generated.valid:
+        warnings.append(f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is null.")
+    return FieldResult(
+        name=spec.name,
+        value=generated.value,
+        probability=None,
+        candidate_mass=None,
+        method="generated",
+        alternatives=(),
+        wave=wave,
+        source="generated",
+        mean_logprob=generated.mean_logprob,
+        tokens=generated.tokens,
+        truncated=generated.truncated,
+    )
+
+
+def scored_result(
+    spec: FieldSpec, decision: Decision, wave: int, warnings: list[str], *, top_k: int, low_mass_warning: float
+) -> FieldResult:
+    """A scored field's result: its label, probability, mass and alternatives; a low mass or a near tie adds a
+    warning."""
+    probs = decision.probabilities
+    order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[:top_k]
+    alternatives = tuple(Alternative(spec.labels[i].value, probs[i]) for i in order)
+    mass = decision.candidate_mass
+    if mass is not None and mass < low_mass_warning:
+        warnings.append(
+            f"Field {spec.name!r}: the model put only {mass:.1%} of its probability on the allowed labels; "
+            "it wanted to write something else."
+        )
+    if len(order) > 1 and probs[order[0]] - probs[order[1]] < 0.02:
+        warnings.append(
+            f"Field {spec.name!r}: {spec.labels[order[0]].value!r} and {spec.labels[order[1]].value!r} are "
+            f"nearly tied ({probs[order[0]]:.2f} vs {probs[order[1]]:.2f})."
+        )
+    return FieldResult(
+        name=spec.name,
+        value=spec.labels[decision.label].value,
+        probability=probs[decision.label],
+        candidate_mass=mass,
+        method=decision.method,
+        alternatives=alternatives,
+        wave=wave,
+    )
