@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pcd_engine.checks import check_text
 from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, PCDError
 from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
@@ -199,9 +200,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         text = args.text
     if text is None:
         raise OptionError("pcd run: expected --context C.txt or --text TEXT (the schema has no example text).")
-    from pcd_engine.engine import Engine
 
-    Engine._check_text(text)  # before the model loads
+    check_text(text)  # before the model loads
     engine = _engine(args)
     out = engine.extract(text, schema, _options(args))
     if args.json:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +36,7 @@ import numpy as np
 
 from pcd_engine.compiler import common_prefix
 from pcd_engine.errors import BackendUnavailableError, PromptAlignmentError, SchemaError
+from pcd_engine.lru import LRU
 from pcd_engine.prompt import TokenizerView, tail_tokens
 from pcd_engine.schema import FieldSpec
 
@@ -141,8 +141,7 @@ class Grammars:
     def __init__(self, tokenizer: Any, *, capacity: int = 256) -> None:
         self._hf = tokenizer
         self._tok: Any = None
-        self._capacity = capacity
-        self._grammars: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._grammars: LRU[tuple[str, str], str] = LRU(capacity)
         self._lock = threading.Lock()
 
     @staticmethod
@@ -173,11 +172,9 @@ class Grammars:
             SchemaError: If llguidance cannot compile the field's JSON Schema.
         """
         key = (spec.schema_json or "", lead)
-        with self._lock:
-            hit = self._grammars.get(key)
-            if hit is not None:
-                self._grammars.move_to_end(key)
-                return hit
+        hit = self._grammars.get(key)
+        if hit is not None:
+            return hit
         llg = self._llg()
         value = {**spec.value_schema, "x-guidance": _JSON_STYLE}
         head = f"{json.dumps(lead)} " if lead else ""
@@ -189,10 +186,7 @@ class Grammars:
                 f"Field {spec.name!r}: expected a JSON Schema the constrained generator can honour, but llguidance "
                 f"rejected it: {detail}. Remove the unsupported keyword."
             )
-        with self._lock:  # least recently used grammars go first: a server sees new schemas all day
-            self._grammars[key] = text
-            while len(self._grammars) > self._capacity:
-                self._grammars.popitem(last=False)
+        self._grammars.put(key, text)  # least recently used grammars go first: a server sees new schemas all day
         return text
 
     def __len__(self) -> int:

@@ -1,7 +1,7 @@
 """One options object for every call, from every surface: :class:`ExtractOptions`.
 
 The command line, the HTTP APIs and the LangChain and LlamaIndex adapters each map their own knobs onto an
-:class:`ExtractOptions`; the engine merges it over its :class:`~pcd_engine.engine.EngineOptions` field by field
+:class:`ExtractOptions`; the engine merges it over its :class:`EngineOptions` field by field
 (a field left ``None`` keeps the engine's default). A setting is honoured or refused, never dropped: an unknown
 name is an :class:`~pcd_engine.errors.OptionError` that names it and the nearest known one, on every surface.
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from pcd_engine.errors import OptionError
 from pcd_engine.limits import RequestLimits
 
-__all__ = ["STRATEGIES", "STRATEGY_ALIASES", "ExtractOptions", "PromptFormat"]
+__all__ = ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"]
 
 STRATEGIES = ("marginal", "exact", "trie_walk")
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
@@ -167,6 +167,79 @@ class ExtractOptions:
             list_choices=True if self.list_choices is None else self.list_choices,
             quoted_booleans=bool(self.quoted_booleans),
             chat_template_kwargs=self.chat_template_kwargs or (),
+        )
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Engine-wide settings.
+
+    Attributes:
+        anchor: Decide the first field alone and write it into the prompt before the others (one extra pass,
+            usually better answers). ``depends_on`` adds waves either way; a later wave's prompt holds the
+            anchor's answer and the answers its fields depend on, not every earlier answer.
+        head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
+        memory_budget_mb: Estimated peak memory of one pass, which every pass keeps within: the head prefill and
+            the document are fed in causal chunks, a wave's tree is split into passes, and open rows that cannot
+            fit are refused before any work with :class:`~pcd_engine.errors.LimitError`. ``None`` takes the
+            backend's default (1 GiB on CPU, a quarter of the GPU's memory up to 16 GiB).
+        marginal_max_labels: Fields with up to this many labels use the marginal strategy by default; larger
+            ones use the trie walk.
+        top_k: How many alternatives each field reports.
+        low_mass_warning: Warn when a field's candidate mass is below this.
+        max_tokens: The most tokens generated for one open field's value (a field's own ``max_tokens`` wins);
+            a value cut there is flagged ``truncated``.
+        limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them.
+        special_tokens: Read control strings in documents (``<|im_end|>``, ``<|im_start|>system``) as the
+            template's control tokens. Off by default: a document is plain text and cannot open a turn.
+        strategy: The default strategy (see :class:`ExtractOptions`); ``None`` lets the
+            engine choose per field.
+        temperature: The default temperature of the reported probabilities.
+        prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
+            template arguments).
+    """
+
+    anchor: bool = True
+    head_cache_size: int = 8
+    memory_budget_mb: float | None = None
+    marginal_max_labels: int = 32
+    top_k: int = 5
+    low_mass_warning: float = 0.1
+    max_tokens: int = 64
+    limits: RequestLimits = field(default_factory=RequestLimits)
+    special_tokens: bool = False
+    strategy: str | None = None
+    temperature: float = 1.0
+    prompt: PromptFormat = field(default_factory=PromptFormat)
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise OptionError(f"max_tokens: expected an integer >= 1, but got {self.max_tokens}.")
+        if self.head_cache_size < 1:
+            raise OptionError(f"head_cache_size: expected an integer >= 1, but got {self.head_cache_size}.")
+        if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:
+            raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
+        if self.top_k < 1:
+            raise OptionError(f"top_k: expected an integer >= 1, but got {self.top_k}.")
+        if not isinstance(self.limits, RequestLimits):
+            raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
+        if not isinstance(self.prompt, PromptFormat):
+            raise OptionError(f"prompt: expected a PromptFormat, but got {type(self.prompt).__name__}.")
+        self.defaults()  # the defaults must themselves be valid options
+
+    def defaults(self) -> ExtractOptions:
+        """Every per-call option at this engine's default; a call's :class:`ExtractOptions` is laid over it."""
+        return ExtractOptions(
+            strategy=self.strategy,
+            temperature=self.temperature,
+            anchor=self.anchor,
+            max_tokens=self.max_tokens,
+            memory_budget_mb=self.memory_budget_mb,
+            instructions=self.prompt.instructions,
+            list_choices=self.prompt.list_choices,
+            quoted_booleans=self.prompt.quoted_booleans,
+            chat_template_kwargs=self.prompt.chat_template_kwargs,
+            limits=self.limits,
         )
 
 

@@ -1,44 +1,317 @@
-"""One extraction's mutable state, kept apart from what the engine compiles once.
+"""One extraction, kept apart from what the engine compiles once: :class:`Request`.
 
-The engine's caches (schema heads, compiled waves, pass plans, row plans) are shared by every call and guarded
-by its lock; everything below belongs to one call only, so concurrent calls never see each other's tokens.
+The engine's compile cache (schema heads, compiled waves, pass plans, row plans; :mod:`pcd_engine.cache`) is
+shared by every call. Everything here belongs to one call only (the tokens fed and pending, the tail text with
+the answers written so far, the results, warnings and timings), so concurrent calls never see each other's
+tokens. A request runs in steps, one method each: :meth:`Request.open` (check, tokenize, prefill the head if it
+is not cached), :meth:`Request.decide_wave` per wave, :meth:`Request.generate` for the open rows, and
+:meth:`Request.result`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from pcd_engine.backends.base import RequestState
-from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.limits import Watch
+import numpy as np
 
-__all__ = ["Request"]
+from pcd_engine.backends.base import Backend, Prefix, RequestState
+from pcd_engine.budget import PassBudget
+from pcd_engine.cache import Head
+from pcd_engine.checks import check_budget, check_sizes, check_window
+from pcd_engine.compiler import CompiledWave, FieldTrie, questions, written_value
+from pcd_engine.decoding import Decision, Fixed, choose_strategy
+from pcd_engine.errors import LimitError, PromptAlignmentError
+from pcd_engine.generation import generate_open
+from pcd_engine.limits import RequestLimits, Watch
+from pcd_engine.options import ExtractOptions
+from pcd_engine.planner import plan_waves
+from pcd_engine.prompt import field_line
+from pcd_engine.result import (
+    ExtractionResult,
+    ExtractionStats,
+    FieldResult,
+    generated_result,
+    multi_result,
+    scored_result,
+)
+from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.tree import TreeBatch
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
+
+__all__ = ["PHASES", "Request", "prefill"]
+
+PHASES = ("tokenize", "prefill", "compile", "forward", "decode", "generate")
+_EMPTY = TreeBatch((), (), (), (), (), ())
 
 
 @dataclass
 class Request:
-    """What one extraction has done so far.
+    """What one extraction has done so far, and its steps.
 
     Attributes:
+        engine: The engine it runs on (its backend, compile cache, grammars and settings).
+        schema: The compiled schema.
+        call: The resolved options (every field set).
+        head: The schema's prompt in this call's format.
         state: The backend's view of the model for this call: the schema head plus the causal tokens fed.
         pending: Causal tokens not fed yet (the document, then the written answers); the next pass feeds them.
         tail_text: The prompt's tail as the next wave or the open rows see it (written answers included).
         watch: Stops the call at a pass boundary when its time is up or it was cancelled.
-        budget: The memory budget of one pass, in bytes.
+        budget: The memory budget of one pass.
+        prompt_tokens: Tokens of the whole prompt (head, document, tail).
+        waves: The closed fields in the order they are decided.
         committed: Tail tokens already fed or pending; a later tail must extend them.
         written: Names of the fields whose answers are written into the tail.
         nodes_scored: Tree nodes fed to the model so far.
+        prefill_passes: Passes spent prefilling the schema head (0 when it was cached).
+        generation_passes: Passes spent generating the open rows.
+        generated_tokens: Tokens generated for the open rows.
+        phases: Milliseconds per phase.
+        results: Each decided field's result, by name.
+        warnings: What the caller should know, in order.
     """
 
+    engine: Engine
+    schema: Schema
+    call: ExtractOptions
+    head: Head
     state: RequestState
     pending: list[int]
     tail_text: str
     watch: Watch
-    budget: int
+    budget: PassBudget
+    prompt_tokens: int
+    waves: list[list[FieldSpec]]
     committed: tuple[int, ...] = ()
     written: set[str] = field(default_factory=set)
     nodes_scored: int = 0
+    prefill_passes: int = 0
+    generation_passes: int = 0
+    generated_tokens: int = 0
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    results: dict[str, FieldResult] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    @classmethod
+    def open(
+        cls,
+        engine: Engine,
+        schema: Schema,
+        call: ExtractOptions,
+        document: str,
+        *,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Request:
+        """Check the request, tokenize it, and start it on the schema's head (prefilled now if not cached).
+
+        Raises:
+            LimitError: If the request needs more labels, tokens or memory than allowed.
+            ContextError: If it does not fit the model's window.
+            SchemaError: If an open field's JSON Schema cannot be constrained.
+            PromptAlignmentError: If the document changed the tokenization of the prompt's tail.
+            RequestCancelled: If cancelled, or out of time, before the head prefill.
+        """
+        backend = engine.backend
+        open_fields = [f for f in schema.fields if not f.scored]
+        check_sizes(schema, open_fields, call)
+        for spec in open_fields:
+            engine.grammars.grammar(spec)  # llguidance must accept the value schema before any model work
+        tick = time.perf_counter()
+        fmt = call.prompt_format
+        head, prefix = engine.cache.head(schema, fmt)
+        ids = head.prompt.request_ids(engine.tokenizer, document, special_tokens=engine.options.special_tokens)
+        if tuple(ids[len(ids) - len(head.tail0_ids) :]) != head.tail0_ids:
+            raise PromptAlignmentError(
+                "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
+                "their tokenization. Strip unusual trailing characters from the text."
+            )
+        deepest = check_window(
+            backend,
+            schema,
+            open_fields,
+            head_tokens=len(head.prompt.head_ids),
+            tail_tokens=len(head.tail0_ids),
+            prompt_tokens=len(ids),
+            limit=int(call.max_tokens or 1),
+        )
+        budget = PassBudget.of(backend, call.memory_budget_mb)
+        check_budget(budget, prompt_tokens=len(ids), deepest=deepest)
+        watch = Watch((call.limits or RequestLimits()).time_limit_s, cancelled)
+        tokenize_ms = (time.perf_counter() - tick) * 1000
+        prefill_passes, prefill_ms = 0, 0.0
+        if prefix is None:
+            watch.check("the head prefill")
+            before, tick = backend.thread_passes, time.perf_counter()
+            prefix = engine.prefill_head(schema, fmt, head, budget)
+            prefill_passes, prefill_ms = backend.thread_passes - before, (time.perf_counter() - tick) * 1000
+        request = cls(
+            engine=engine,
+            schema=schema,
+            call=call,
+            head=head,
+            state=backend.start(prefix),
+            pending=list(ids[len(head.prompt.head_ids) : len(ids) - len(head.tail0_ids)]),
+            tail_text=head.prompt.tail_text,
+            watch=watch,
+            budget=budget,
+            prompt_tokens=len(ids),
+            waves=plan_waves(schema, anchor=bool(call.anchor)),
+            prefill_passes=prefill_passes,
+        )
+        request.phases.update(tokenize=tokenize_ms, prefill=prefill_ms)
+        return request
+
+    def decide_wave(self, index: int) -> None:
+        """Score wave ``index``'s tree (one pass unless the budget splits it), record each field's result, and
+        write the answers later waves read into the tail."""
+        wave = self.waves[index]
+        asked = [(spec, q) for spec in wave for q in questions(spec) if len(q.labels) > 1]
+        decided: dict[str, list[Decision]] = {}
+        if asked:
+            with self.timed("compile"):
+                cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
+                self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
+                passes = self.tree_passes(cw)
+            with self.timed("forward"):
+                logprobs = self.score(passes, len(cw.tree), index)
+            with self.timed("decode"):
+                for (spec, _q), trie in zip(asked, cw.fields, strict=True):
+                    decided.setdefault(spec.name, []).append(self.decide(trie, logprobs))
+        options = self.engine.options
+        for spec in wave:
+            if spec.kind == "multi":
+                self.results[spec.name] = multi_result(
+                    spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
+                    low_mass_warning=options.low_mass_warning,
+                )  # fmt: skip
+            else:
+                fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
+                decision = decided[spec.name][0] if spec.name in decided else fixed
+                self.results[spec.name] = scored_result(
+                    spec, decision, index, self.warnings, top_k=options.top_k,
+                    low_mass_warning=options.low_mass_warning,
+                )  # fmt: skip
+        # Later waves read the anchor and the answers they depend on; writing every answer would only add prompt
+        # tokens to process (a 28-field schema writes ~9 tokens per field).
+        needed = {dep for later in self.waves[index + 1 :] for spec in later for dep in spec.depends_on}
+        for spec in wave:
+            if spec.name in needed or (self.call.anchor and index == 0):
+                self.write(spec)
+
+    def generate(self) -> None:
+        """Write every closed answer into the prompt, then generate the open rows together (one pass per token
+        for all rows) and record their results."""
+        open_fields = [f for f in self.schema.fields if not f.scored]
+        if not open_fields:
+            return
+        limit = int(self.call.max_tokens or 1)
+        with self.timed("generate"):
+            for spec in self.schema.fields:  # the open rows see every closed answer
+                if spec.scored and spec.name not in self.written:
+                    self.write(spec)
+            engine = self.engine
+            rows = engine.cache.row_plan(self.schema, self.head.prompt, open_fields, self.tail_text)
+            self.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
+            prefix_tokens = sum(len(p) for p in rows.prefixes)
+            self.fit_causal(extra=prefix_tokens, keep=0)
+            grown = prefix_tokens + sum(spec.max_tokens or limit for spec in open_fields)
+            past, n = self.state.length + len(self.pending) + grown, len(open_fields)
+            if not self.budget.fits(past=past, new=n, rows=n):
+                need = self.backend.pass_bytes(past=past, new=n, rows=n)
+                raise LimitError(
+                    f"Memory budget: expected the open rows to fit the budget of {self.budget.mib:.0f} MiB, but "
+                    f"their last pass needs about {need / 2**20:.0f} MiB. Raise memory_budget_mb, lower the fields' "
+                    "token limits, or shorten the text."
+                )
+            before = self.backend.thread_passes
+            values = generate_open(
+                self.backend,
+                self.state,
+                causal=self.pending,
+                plan=rows,
+                fields=open_fields,
+                grammars=engine.grammars,
+                tokenizer=engine.tokenizer,
+                max_tokens=limit,
+                check=lambda: self.watch.check("a generation pass"),
+            )
+            self.generation_passes = self.backend.thread_passes - before
+            for spec, generated in zip(open_fields, values, strict=True):
+                self.results[spec.name] = generated_result(spec, generated, len(self.waves), limit, self.warnings)
+                self.generated_tokens += generated.tokens
+
+    def result(self, *, started: float, passes_before: int) -> ExtractionResult:
+        """The extraction's result, with its statistics since ``started`` (a ``perf_counter`` reading) and
+        ``passes_before`` (the thread's pass count when the call began)."""
+        warnings = list(self.warnings)
+        if self.head.prompt.system_folded:
+            warnings.insert(0, "The chat template has no system role; the instructions were put in the user turn.")
+        if self.backend.scorer == "rows":
+            warnings.insert(0, "This model's cache cannot branch by masking; labels were scored one row each (slower).")
+        ordered = {f.name: self.results[f.name] for f in self.schema.fields}
+        phases = {**self.phases, "total": (time.perf_counter() - started) * 1000}
+        stats = ExtractionStats(
+            phases_ms=phases,
+            prompt_tokens=self.prompt_tokens,
+            cached_tokens=len(self.head.prompt.head_ids),
+            forward_passes=self.backend.thread_passes - passes_before,
+            nodes_scored=self.nodes_scored,
+            waves=len(self.waves),
+            generation_passes=self.generation_passes,
+            generated_tokens=self.generated_tokens,
+            prefill_passes=self.prefill_passes,
+        )
+        values = {name: r.value for name, r in ordered.items()}
+        return ExtractionResult(values, ordered, tuple(warnings), stats, self.schema)
+
+    # ------------------------------------------------------------------------------------------ parts
+
+    @property
+    def backend(self) -> Backend:
+        """The engine's backend."""
+        return self.engine.backend
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the time spent in the block to ``phase``."""
+        tick = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases[phase] += (time.perf_counter() - tick) * 1000
+
+    def write(self, spec: FieldSpec) -> None:
+        """Write a decided field's answer into the tail, as the next wave or the open rows read it."""
+        value = written_value(spec, self.results[spec.name].value, quoted_booleans=bool(self.call.quoted_booleans))
+        self.tail_text += field_line(spec.name, value)
+        self.written.add(spec.name)
+
+    def decide(self, trie: FieldTrie, logprobs: np.ndarray) -> Decision:
+        """One question's decision under this call's strategy and temperature."""
+        n = len(trie.spec.labels)
+        strategy = choose_strategy(
+            n, name=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels
+        )
+        return strategy.decide(trie, logprobs, temperature=float(self.call.temperature or 1.0))
+
+    def score(self, passes: Sequence[TreeBatch], nodes: int, index: int) -> np.ndarray:
+        """Feed the pending tokens and the tree's passes; the log-prob of every tree node."""
+        logprobs = np.zeros(nodes)
+        for batch in passes:
+            self.watch.check(f"a scoring pass of wave {index}")
+            scored = self.backend.score_tree(self.state, causal=self.pending, batch=batch)
+            logprobs[list(batch.query_nodes)] = scored
+            self.pending = []
+            self.nodes_scored += len(batch.tokens)
+        return logprobs
 
     def extend(self, tail_ids: Sequence[int], causal_len: int, *, where: str, need_new: bool) -> None:
         """Queue the tail tokens a compiled wave or row plan needs after what the state already holds.
@@ -66,3 +339,54 @@ class Request:
                 "one), but the written answers added none."
             )
         self.committed = tuple(tail_ids[:causal_len])
+
+    def fit_causal(self, *, extra: int, keep: int) -> None:
+        """Feed the pending causal tokens ahead, in chunks that fit the budget, when they would not fit in one pass
+        with ``extra`` tree tokens; ``keep`` tokens stay pending (a tree reads its root from the last one).
+
+        Raises:
+            LimitError: If one root-to-leaf chain cannot fit even after feeding ahead.
+        """
+        if not self.budget.fits(past=self.state.length, new=len(self.pending) + extra, rows=extra + 1):
+            self.feed_ahead(keep=keep)
+            if not self.budget.fits(past=self.state.length, new=len(self.pending) + extra, rows=extra + 1):
+                raise self.budget.over("one root-to-leaf chain of the answers")
+
+    def feed_ahead(self, *, keep: int) -> None:
+        """Feed all pending causal tokens but the last ``keep`` into the state, in chunks that fit the budget."""
+        while len(self.pending) > keep:
+            chunk = min(self.budget.fit(self.state.length), len(self.pending) - keep)
+            if chunk < 1:
+                raise self.budget.over("the text")
+            self.watch.check("a document pass")
+            self.backend.score_tree(self.state, causal=self.pending[:chunk], batch=_EMPTY)
+            self.pending = self.pending[chunk:]
+
+    def tree_passes(self, wave: CompiledWave) -> list[TreeBatch]:
+        """The wave's passes within the budget. The document block rides in the first pass unless feeding it
+        ahead (in causal chunks) saves passes, or is the only way one root-to-leaf chain fits beside it."""
+        cache, packed = self.engine.cache, wave.tree.packed
+        longest = 1 + max((wave.tree.depths[n] for n in packed), default=0)
+        self.fit_causal(extra=longest, keep=1)
+        past, pending = self.state.length, len(self.pending)
+        passes = cache.passes(wave, self.budget.max_nodes(past, pending))
+        if len(passes) > 1 and pending > 1:
+            ahead = cache.passes(wave, self.budget.max_nodes(past + pending - 1, 1))
+            chunks = -(-(pending - 1) // max(1, self.budget.fit(past)))
+            if chunks + len(ahead) < len(passes):
+                self.feed_ahead(keep=1)
+                passes = ahead
+        return passes
+
+
+def prefill(backend: Backend, head: Head, budget: PassBudget) -> Prefix:
+    """Prefill a schema's head in causal chunks that fit the budget.
+
+    Raises:
+        LimitError: If not even one token of the instructions fits.
+    """
+    ids = head.prompt.head_ids
+    chunk = budget.fit(len(ids))
+    if chunk < 1 and ids:
+        raise budget.over("the schema's instructions")
+    return backend.prefill(ids, chunk=chunk if chunk < len(ids) else None)

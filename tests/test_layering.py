@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pcd_engine"
 BACKEND_MAY_IMPORT = {"pcd_engine.tree", "pcd_engine.errors", "pcd_engine.models", "pcd_engine.backends"}
 CORE = [
     "engine", "request", "options", "limits", "schema", "constraints", "prompt", "compiler", "generation",
-    "planner", "decoding", "tree", "result", "errors", "models", "chat",
+    "planner", "decoding", "tree", "result", "errors", "models", "chat", "lru", "cache", "budget", "checks",
 ]  # fmt: skip
 TOOLS = {"cli", "server", "diagnostics", "comparison", "evaluation", "plots", "examples", "baseline"}
 

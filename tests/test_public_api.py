@@ -154,8 +154,12 @@ MODULE_ALL = {
         "too_deep",
     ],
     "pcd_engine.limits": ["SERVER_LIMITS", "RequestLimits", "Watch"],
-    "pcd_engine.request": ["Request"],
-    "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "ExtractOptions", "PromptFormat"],
+    "pcd_engine.request": ["PHASES", "Request", "prefill"],
+    "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"],
+    "pcd_engine.lru": ["LRU"],
+    "pcd_engine.cache": ["CompileCache", "Head"],
+    "pcd_engine.budget": ["PassBudget", "largest"],
+    "pcd_engine.checks": ["check_budget", "check_sizes", "check_text", "check_window"],
 }
 
 

@@ -1,0 +1,86 @@
+"""What the engine compiles once and shares between calls: schema heads (with their prefilled KV), compiled
+waves, pass plans and open-row plans, each a bounded :class:`~pcd_engine.lru.LRU`."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pcd_engine.backends.base import Prefix
+from pcd_engine.compiler import CompiledWave, compile_wave
+from pcd_engine.generation import RowPlan, compile_rows
+from pcd_engine.lru import LRU
+from pcd_engine.options import PromptFormat
+from pcd_engine.planner import plan_passes
+from pcd_engine.prompt import ChatPrompt, TokenizerView, tail_tokens
+from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.tree import TreeBatch
+
+__all__ = ["CompileCache", "Head"]
+
+
+@dataclass(frozen=True)
+class Head:
+    """A schema's prompt in one format, and the tail tokens every request ends with.
+
+    Attributes:
+        prompt: The chat prompt around the document.
+        tail0_ids: The tokens of the tail before any answer (up to ``{``), as they follow the document.
+    """
+
+    prompt: ChatPrompt
+    tail0_ids: tuple[int, ...]
+
+
+class CompileCache:
+    """The engine's compile-once state: schema heads (with their prefilled KV), compiled waves, pass plans and
+    open-row plans, each in an :class:`LRU`.
+
+    Args:
+        tokenizer: The model's tokenizer view.
+        heads: How many prefilled schema heads to keep; the other stores keep 64 entries per head.
+    """
+
+    def __init__(self, tokenizer: TokenizerView, *, heads: int) -> None:
+        self.tokenizer = tokenizer
+        self.heads: LRU[str, tuple[Head, Prefix]] = LRU(heads)
+        self.waves: LRU[tuple[str, ...], CompiledWave] = LRU(64 * heads)
+        self.rows: LRU[tuple[str, ...], RowPlan] = LRU(64 * heads)
+        self.pass_plans: LRU[tuple[int, int], tuple[CompiledWave, list[TreeBatch]]] = LRU(64 * heads)
+
+    @staticmethod
+    def head_key(schema: Schema, fmt: PromptFormat) -> str:
+        """The key of a schema's head in one prompt format."""
+        return schema.fingerprint + fmt.key
+
+    def head(self, schema: Schema, fmt: PromptFormat) -> tuple[Head, Prefix | None]:
+        """The schema's cached head, or its plan and ``None`` when it must be prefilled (nothing is stored)."""
+        hit = self.heads.get(self.head_key(schema, fmt))
+        if hit is not None:
+            return hit
+        prompt = ChatPrompt.build(self.tokenizer, schema, fmt)
+        tail0, skip = tail_tokens(self.tokenizer, prompt.boundary_text, prompt.tail_text)
+        return Head(prompt, tuple(tail0[skip:])), None
+
+    def wave(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[FieldSpec], tail_text: str) -> CompiledWave:
+        """The compiled tree of one wave's questions after ``tail_text``."""
+        key = (schema.fingerprint, prompt.boundary_text, tail_text, *(f.name for f in fields))
+        return self.waves.get_or_build(
+            key, lambda: compile_wave(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
+        )
+
+    def row_plan(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[FieldSpec], tail_text: str) -> RowPlan:
+        """The open rows' prefixes after ``tail_text``."""
+        key = (schema.fingerprint, prompt.boundary_text, tail_text, *(f.name for f in fields))
+        return self.rows.get_or_build(
+            key, lambda: compile_rows(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
+        )
+
+    def passes(self, wave: CompiledWave, max_nodes: int) -> list[TreeBatch]:
+        """The wave's tree split into passes of at most ``max_nodes`` nodes."""
+        key = (id(wave), max_nodes)
+        plan = self.pass_plans.get_or_build(key, lambda: (wave, plan_passes(wave.tree, max_nodes=max_nodes)))
+        if plan[0] is not wave:  # an id reused after its wave was evicted
+            plan = (wave, plan_passes(wave.tree, max_nodes=max_nodes))
+            self.pass_plans.put(key, plan)
+        return plan[1]
