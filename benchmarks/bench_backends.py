@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import floor_ms, median_ms, one_wave
 from pcd_engine import Engine, load_preset
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
 BACKENDS = ("torch", "mlx")
 

@@ -43,8 +43,8 @@ import torch  # noqa: E402
 from benchmarks.common import floor_ms, median_ms, one_wave  # noqa: E402
 from pcd_engine import Engine, generate_baseline, load_preset  # noqa: E402
 from pcd_engine.backends.torch import TorchBackend  # noqa: E402
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
 from pcd_engine.schema import compile_schema  # noqa: E402
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
 
 RANDOM_CONFIGS = {
     "qwen2.5-1.5b": dict(

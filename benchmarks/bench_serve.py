@@ -27,8 +27,8 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
 from pcd_engine import Engine  # noqa: E402
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
-from pcd_engine.server import create_app  # noqa: E402
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
+from pcd_engine.tools.serve import create_app  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

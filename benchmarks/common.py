@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pcd_engine.comparison import median_ms, one_wave
+from pcd_engine.tools.baseline import median_ms
+from pcd_engine.tools.bench import one_wave
 
 __all__ = ["floor_ms", "median_ms", "one_wave", "peak_rss"]
 
@@ -47,35 +48,10 @@ def peak_rss(fn: Callable[[], Any]) -> tuple[float, float, Any]:
 def floor_ms(engine: Any, preset: Any, out: Any, repeats: int, sync: Any = lambda: None) -> float:
     """ONE plain causal pass over (document + tail + tree nodes) new tokens on the warm head, with the model's
     own causal mask, reading as many output rows as the 1-pass extract ``out`` read."""
-    plan, prefix = engine._heads[out.schema.fingerprint]
+    head, prefix = engine.head(out.schema)
     new = out.stats.prompt_tokens - out.stats.cached_tokens + out.stats.nodes_scored
-    ids = engine.prompt_for(preset.context, out.schema)[len(plan.prompt.head_ids) :]
+    ids = engine.prompt_for(preset.context, out.schema)[len(head.prompt.head_ids) :]
     tokens = (ids * (new // max(len(ids), 1) + 1))[:new]
-    rows = out.stats.nodes_scored + 1
-    backend: Any = engine.backend
-    if backend.name == "torch":
-        import torch
-
-        device = next(backend.model.parameters()).device
-
-        def run() -> None:
-            state = backend.start(prefix)
-            with torch.no_grad():
-                backend.model(
-                    input_ids=torch.tensor([tokens], device=device),
-                    **{backend._cache_kw: state.cache},
-                    use_cache=True,
-                    logits_to_keep=rows,
-                )
-
-    else:
-        import mlx.core as mx
-
-        native, _ = backend._extend_native(None, list(prefix.ids))
-        keep = list(range(new - rows, new))
-
-        def run() -> None:
-            mx.eval(backend._forward(mx.array([tokens]), backend._copy_native(native), keep=keep))
-
+    run = engine.backend.plain_pass(prefix, tokens, rows=out.stats.nodes_scored + 1)
     run()
     return median_ms(run, repeats, sync)

@@ -226,7 +226,7 @@ from llama_index.core.vector_stores import ExactMatchFilter, MetadataFilters
 from pydantic import BaseModel, Field
 
 from offline_embedding import MiniLMEmbedding
-from pcd_engine.evaluation import load_dataset
+from pcd_engine.tools.datasets import load_dataset
 from pcd_integrations.llamaindex import PCDLLM, PCDMetadataExtractor
 
 
@@ -358,8 +358,8 @@ coverage falls, and (when the probability means something) accuracy among the ke
     ),
     (
         "code",
-        """from pcd_engine.comparison import eval_schema
-from pcd_engine.evaluation import load_dataset
+        """from pcd_engine.tools.eval import eval_schema
+from pcd_engine.tools.datasets import load_dataset
 
 docs = load_dataset("bbc-news", limit=60, seed=7)
 schema = eval_schema("topic", [d.label for d in docs], description="The section of the news site")
@@ -411,8 +411,8 @@ is `pcd bench` (see `benchmarks/RESULTS.md`).
     (
         "code",
         """from pcd_engine import Engine, generate_baseline
-from pcd_engine.comparison import bench_presets
-from pcd_engine.examples import example_preset
+from pcd_engine.tools.bench import bench_presets
+from pcd_engine.tools.examples import example_preset
 
 engine = Engine.load()
 preset = example_preset("support_triage")

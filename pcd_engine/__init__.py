@@ -4,7 +4,6 @@ Every allowed value of every field is compiled into a token trie, and all the tr
 one tree-packed forward pass on top of the schema's cached prompt head.
 """
 
-from pcd_engine.baseline import BaselineResult, generate_baseline, generate_outlines
 from pcd_engine.chat import ChatMessage, TextChunk, stream_chat
 from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
 from pcd_engine.engine import Engine, EngineOptions
@@ -27,6 +26,7 @@ from pcd_engine.models import ALIASES, DEFAULT_MODEL, default_model_path
 from pcd_engine.options import ExtractOptions, PromptFormat
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
+from pcd_engine.tools.baseline import BaselineResult, generate_baseline, generate_outlines
 
 __version__ = "0.1.0"
 

@@ -13,9 +13,9 @@ import pytest
 
 from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import BIG, SHARED_PREFIXES, TEXT, packed_logprobs
-from tests.conftest import load_mlx_twin, mlx_available, save_tiny, tiny_model
+from tests.support import load_mlx_twin, mlx_available, save_tiny, tiny_model
 
 pytestmark = [
     pytest.mark.mlx,

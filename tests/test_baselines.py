@@ -12,8 +12,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_engine import BackendUnavailableError, compile_schema, generate_outlines
-from pcd_engine.baseline import _check
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.tools.baseline import _check
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
 
 class Ticket(BaseModel):

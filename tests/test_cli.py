@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pcd_engine.cli import build_parser, main
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.models import ALIASES
+from pcd_engine.tools.cli import build_parser, main
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import shift_tree_positions
-from tests.conftest import mlx_available, save_tiny, tiny_model
+from tests.support import mlx_available, save_tiny, tiny_model
 
 TICKET_SCHEMA = {
     "title": "Ticket",
@@ -233,9 +233,9 @@ def test_missing_backend_is_one_line(capsys, tiny, monkeypatch):
 
 @pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")
 def test_outlines_on_mlx_fails_before_any_timing(capsys, tiny, monkeypatch):
-    import pcd_engine.comparison as comparison
+    import pcd_engine.tools.bench as bench
 
-    monkeypatch.setattr(comparison, "_bench_one", lambda *a: pytest.fail("timed before checking the baselines"))
+    monkeypatch.setattr(bench, "_bench_one", lambda *a: pytest.fail("timed before checking the baselines"))
     code, _, err = run(capsys, "bench", tiny, "support_triage", "--backend", "mlx", "--against", "outlines", "-q")
     assert_one_line_error(code, err, "Outlines baseline", "torch backend")
 
@@ -364,5 +364,5 @@ def test_serve_builds_the_app_and_runs_uvicorn_on_loopback(capsys, tiny, monkeyp
     code, _, err = run(capsys, "serve", tiny, "--port", "8123", "--name", "tiny", "--backend", "torch", "-q")
     assert code == 0 and "Traceback" not in err
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
-    paths = {route.path for route in seen["app"].routes}
+    paths = set(seen["app"].openapi()["paths"])
     assert {"/", "/api/extract", "/api/presets", "/api/baseline", "/v1/models", "/v1/chat/completions"} <= paths

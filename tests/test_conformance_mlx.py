@@ -13,45 +13,12 @@ import numpy as np
 import pytest
 
 from tests.conformance import SHARED_PREFIXES, TEXT, BackendConformance, check_paths, packed_logprobs
-from tests.conftest import ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
+from tests.support import ARCHS, load_mlx_twin, mlx_available, mlx_brute_force, save_tiny, tiny_model
 
 pytestmark = [
     pytest.mark.mlx,
     pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')"),
 ]
-
-
-def mlx_copy(cache):
-    """Copy mlx-lm caches through the cache API: ``from_state`` of a copied state (the state holds the offset)."""
-    import mlx.core as mx
-    from mlx.utils import tree_map
-
-    def copy(x):
-        return mx.array(x) if isinstance(x, mx.array) else x
-
-    return [type(c).from_state(tree_map(copy, c.state)) for c in cache]
-
-
-def mlx_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
-    """log p of each path token given everything before it: the prompt once, then each path on its own copy of
-    the model's own caches (mlx-lm masks, positions and sliding-window caches)."""
-    import mlx.core as mx
-    from mlx_lm.models.cache import make_prompt_cache
-
-    def log_softmax(x):
-        x = x.astype(mx.float32)
-        return np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float64)
-
-    cache = make_prompt_cache(model)
-    root = log_softmax(model(mx.array([context]), cache=cache)[0, -1])
-    out = []
-    for path in paths:
-        scores = [root[path[0]]]
-        if len(path) > 1:
-            logp = log_softmax(model(mx.array([path[:-1]]), cache=mlx_copy(cache))[0])
-            scores += [logp[i, t] for i, t in enumerate(path[1:])]
-        out.append(np.array(scores))
-    return out
 
 
 @pytest.fixture(scope="module", params=ARCHS)

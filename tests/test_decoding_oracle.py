@@ -7,14 +7,14 @@ as one text, and asks the oracle for each token's probability given everything b
 from __future__ import annotations
 
 import json
-import math
 
 import numpy as np
 import pytest
 
 from pcd_engine import Engine, compile_schema
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
-from tests.conftest import OracleBackend, OracleLM
+from tests.support import OracleBackend, OracleLM, enumerate_paths, greedy_constrained
+from tests.support import oracle_brute_force as brute_force
 
 TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
 
@@ -29,90 +29,6 @@ PRESET = {
     "carrier": {"type": "enum", "choices": ["dhl", "ups", None]},
     "rating": {"type": "enum", "choices": [1, 2, 3, 4, 5, 10, None]},
 }
-
-
-def _logsumexp(xs):
-    m = max(xs)
-    return m + math.log(sum(math.exp(x - m) for x in xs))
-
-
-def enumerate_paths(tokenizer, context_text, spec):
-    """(label, tokens) for each surface, by tokenizing the whole text; and the position where the tree starts."""
-    tv = TokenizerView(tokenizer)
-    out = []
-    for li, label in enumerate(spec.labels):
-        for surface in label.surfaces:
-            line = field_line(spec.name, surface)
-            text = context_text + line + "\n"
-            ids, offsets = tv.encode_with_offsets(text)
-            comma = len(context_text) + len(line) - 1
-            cut = next(i + 1 for i, (_, e) in enumerate(offsets) if e > comma)
-            out.append((li, ids[:cut]))
-    return out
-
-
-def brute_force(lm, paths, strategy, temperature=1.0, switch_at=8):
-    n_labels = max(li for li, _ in paths) + 1
-    depth = 0
-    while all(len(p) > depth and p[depth] == paths[0][1][depth] for _, p in paths):
-        depth += 1
-
-    def lp(seq, i):
-        return lm.logprob(seq[:i], seq[i])
-
-    def exact_scores(subset, start):
-        per = {}
-        for li, seq in subset:
-            per.setdefault(li, []).append(sum(lp(seq, i) for i in range(start, len(seq))))
-        scores = np.full(n_labels, -np.inf)
-        for li, vals in per.items():
-            scores[li] = _logsumexp(vals)
-        return scores
-
-    def softmax(scores):
-        s = np.asarray(scores, dtype=float) / temperature
-        e = np.where(np.isfinite(s), np.exp(s - s[np.isfinite(s)].max()), 0.0)
-        return e / e.sum()
-
-    if strategy == "exact":
-        scores = exact_scores(paths, depth)
-        return int(np.argmax(scores)), softmax(scores), float(np.exp(scores).sum())
-    if strategy == "marginal":
-        prefixes = {}
-        for li, seq in paths:
-            for i in range(depth, len(seq)):
-                if all(other[: i + 1] != seq[: i + 1] for lj, other in paths if lj != li):
-                    prefixes.setdefault(li, {})[tuple(seq[: i + 1])] = sum(lp(seq, j) for j in range(depth, i + 1))
-                    break
-        scores = np.array([_logsumexp(list(prefixes[li].values())) for li in range(n_labels)])
-        return int(np.argmax(scores)), softmax(scores), float(np.exp(scores).sum())
-    # trie walk
-    probs = np.zeros(n_labels)
-
-    def walk(subset, i, weight, greedy):
-        labels = {li for li, _ in subset}
-        if len(labels) <= switch_at:
-            scores = exact_scores(subset, i)
-            probs[:] += weight * softmax(scores)
-            return int(np.argmax(scores)) if greedy else None
-        groups = {}
-        for li, seq in subset:
-            groups.setdefault(seq[i], []).append((li, seq))
-        tokens = list(groups)
-        first = groups[tokens[0]][0][1]
-        child_lp = [lm.logprob(first[:i], t) for t in tokens]
-        shares = softmax(child_lp)
-        best = tokens[int(np.argmax(child_lp))]
-        found = None
-        for t, share in zip(tokens, shares):
-            r = walk(groups[t], i + 1, weight * share, greedy and t == best)
-            if r is not None:
-                found = r
-        return found
-
-    winner = walk(paths, depth, 1.0, True)
-    mass = float(np.exp(exact_scores(paths, depth)).sum())
-    return winner, probs, mass
 
 
 @pytest.fixture()
@@ -289,38 +205,6 @@ OPEN = {
         },
     },
 }
-
-
-def greedy_constrained(lm, tokenizer, context_text, schema, limit):
-    """The obvious generator: tokenize the whole prompt up to the key's colon, then at each step score the whole
-    sequence, keep the tokens a fresh llguidance matcher for ``" " <value> ","`` allows (its token mask, which
-    prefers the canonical token where the grammar forces text), and take the best; where the grammar forces the
-    next tokens, they are written as they are and are not the model's choice. Returns the tokens, whether the
-    value finished, and the steps that were choices."""
-    import llguidance
-    import llguidance.hf
-
-    tok = llguidance.hf.from_tokenizer(tokenizer)
-    style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-    grammar = f'start: " " value ","\nvalue: %json {json.dumps({**schema, "x-guidance": style})}\n'
-    matcher = llguidance.LLMatcher(tok, grammar)
-    ids = TokenizerView(tokenizer).encode(context_text)
-    out, choices = [], []
-    while len(out) < limit and not matcher.is_stopped():
-        forced = matcher.compute_ff_tokens() if out else []
-        if forced:
-            forced = forced[: limit - len(out)]
-            assert matcher.consume_tokens(forced)
-            out.extend(forced)
-            continue
-        choices.append(len(out))
-        dist = lm.distribution(ids + out)
-        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
-        allowed = [t for t in range(min(len(dist), len(bits))) if bits[t]]
-        best = max(allowed, key=lambda t: dist[t])
-        assert matcher.consume_token(best)
-        out.append(best)
-    return out, matcher.is_stopped(), choices
 
 
 def test_open_fields_equal_greedy_constrained_brute_force(oracle, smol_tokenizer):

@@ -17,8 +17,7 @@ from pcd_engine.compiler import compile_wave
 from pcd_engine.planner import plan_passes
 from pcd_engine.prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import compile_schema
-from tests.conftest import template_tokenizer, tiny_model
-from tests.test_conformance_torch import check_against_brute_force
+from tests.support import check_against_brute_force, template_tokenizer, tiny_model
 
 TEXT = "Hi, I was billed twice for order 5521. Please refund the second charge by tomorrow."
 

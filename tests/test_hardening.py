@@ -32,12 +32,12 @@ from pcd_engine.errors import (
     RequestTimeout,
     SchemaError,
 )
-from pcd_engine.examples import EXAMPLE_PRESETS
 from pcd_engine.generation import Grammars
 from pcd_engine.limits import RequestLimits
 from pcd_engine.planner import TreeBatch, plan_passes
 from pcd_engine.prompt import ChatPrompt, TokenizerView, render_instructions
-from tests.conftest import OracleBackend, OracleLM, serve_on_loopback, tiny_model
+from pcd_engine.tools.examples import EXAMPLE_PRESETS
+from tests.support import OracleBackend, OracleLM, serve_on_loopback, tiny_model
 
 TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
 
@@ -592,7 +592,7 @@ def app_client(oracle):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from pcd_engine.server import create_app
+    from pcd_engine.tools.serve import create_app
 
     def make(**kwargs: Any) -> Any:
         engine = Engine(oracle)
@@ -654,7 +654,7 @@ def test_server_baseline_checks_the_window(smol_tokenizer):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from pcd_engine.server import create_app
+    from pcd_engine.tools.serve import create_app
 
     backend = OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)), max_context=4096)
     client = TestClient(create_app(Engine(backend)), base_url="http://localhost")
@@ -668,7 +668,7 @@ def live_slow(smol_tokenizer):
     """A live server on a free loopback port over an oracle whose passes take 10 ms (0.5 s body and header
     timeouts)."""
     pytest.importorskip("uvicorn")
-    from pcd_engine.server import create_app, header_timeout_protocol
+    from pcd_engine.tools.serve import create_app, header_timeout_protocol
 
     backend = _SlowOracle(smol_tokenizer, OracleLM(len(smol_tokenizer)))
     app = create_app(Engine(backend), body_timeout_s=0.5)

@@ -23,7 +23,7 @@ from llama_index.core.schema import Document, TextNode  # noqa: E402
 from llama_index.core.vector_stores import ExactMatchFilter, MetadataFilters  # noqa: E402
 
 from cookbook.offline_embedding import MiniLMEmbedding  # noqa: E402
-from pcd_engine.evaluation import bbc_news_path  # noqa: E402
+from pcd_engine.tools.datasets import bbc_news_path  # noqa: E402
 from pcd_integrations.llamaindex import PCDLLM, PCDMetadataExtractor, PCDPydanticProgram  # noqa: E402
 
 pytestmark = pytest.mark.real_model

@@ -11,7 +11,7 @@ from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, OptionEr
 from pcd_engine.backends import select_backend
 from pcd_engine.models import mlx_config_overrides
 from tests.conformance import SHARED_PREFIXES, TEXT
-from tests.conftest import mlx_available, save_tiny, tiny_model
+from tests.support import mlx_available, save_tiny, tiny_model
 
 pytestmark = pytest.mark.mlx
 needs_mlx = pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
@@ -109,9 +109,10 @@ def test_greedy_generation_matches_mlx_lm(smol_tokenizer, tmp_path):
 
 def test_blas_preload_is_skipped_when_asked(monkeypatch):
     from pcd_engine.backends import mlx as mlx_backend
+    from pcd_engine.backends import mlx_tree
 
     monkeypatch.setenv("PCD_MLX_BLAS", "none")
-    monkeypatch.setattr(mlx_backend, "_BLAS_TRIED", False)
+    monkeypatch.setattr(mlx_tree, "_BLAS_TRIED", False)
     assert mlx_backend.preload_blas() is False
 
 
@@ -124,7 +125,7 @@ def test_four_bit_conversion_packs_exactly(smol_tokenizer, tmp_path):
 
     from pcd_engine.backends.mlx import MLXBackend
     from tests.conformance import check_paths, packed_logprobs
-    from tests.test_conformance_mlx import mlx_brute_force
+    from tests.support import mlx_brute_force
 
     source = save_tiny(tiny_model("qwen3", len(smol_tokenizer)), smol_tokenizer, tmp_path / "hf")
     convert(str(source), str(tmp_path / "q4"), quantize=True, q_bits=4, q_group_size=32)

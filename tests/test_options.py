@@ -17,8 +17,9 @@ from pydantic import BaseModel
 from pcd_engine import Engine, ExtractOptions, OptionError, PromptFormat, compile_schema
 from pcd_engine.compiler import written_value
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
-from tests.conftest import OracleBackend, OracleLM
-from tests.test_decoding_oracle import PRESET, TEXT, brute_force, enumerate_paths
+from tests.support import OracleBackend, OracleLM, enumerate_paths
+from tests.support import oracle_brute_force as brute_force
+from tests.test_decoding_oracle import PRESET, TEXT
 
 CHOSEN = {"anchor": False, "temperature": 2.0, "instructions": "Label the ticket; be literal."}
 
@@ -136,7 +137,7 @@ def test_quoted_booleans_and_hidden_choices_read_as_asked(smol_tokenizer):
 
 
 def test_cli(spy, monkeypatch, capsys, tmp_path):
-    import pcd_engine.cli as cli
+    import pcd_engine.tools.cli as cli
 
     monkeypatch.setattr(cli, "_engine", lambda args: spy)
     schema = tmp_path / "s.json"
@@ -154,7 +155,7 @@ def client(spy):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from pcd_engine.server import create_app
+    from pcd_engine.tools.serve import create_app
 
     return TestClient(create_app(spy, model_name="m"), base_url="http://localhost")
 

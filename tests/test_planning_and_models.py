@@ -11,7 +11,7 @@ from pcd_engine.errors import OptionError
 from pcd_engine.models import ALIASES, resolve_model
 from pcd_engine.planner import plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView
-from tests.conftest import tiny_model
+from tests.support import tiny_model
 
 PRESET = {
     "a": {"type": "enum", "choices": ["x", "y"]},

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 from pcd_engine import Engine, compile_schema
 from pcd_engine.compiler import questions, written_value
 from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
-from tests.conftest import tiny_model
-from tests.test_decoding_oracle import brute_force, enumerate_paths
+from tests.support import enumerate_paths, tiny_model
+from tests.support import oracle_brute_force as brute_force
 
 EXAMPLES = int(os.environ.get("PCD_PROPERTY_EXAMPLES", "30"))
 TEXT = 'Parcel 7 came late, the box was crushed and the customer wants a refund: "never again" — ünïcode ok.'

@@ -82,7 +82,7 @@ def test_core_does_not_import_torch_at_import_time():
     import sys
 
     code = (
-        "import sys, pcd_engine, pcd_engine.engine, pcd_engine.cli; "
+        "import sys, pcd_engine, pcd_engine.engine, pcd_engine.tools.cli; "
         "print('torch' in sys.modules, 'transformers' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
@@ -107,31 +107,26 @@ def test_errors_share_one_base():
 
 
 MODULE_ALL = {
-    "pcd_engine.baseline": [
+    "pcd_engine.tools.baseline": [
+        "BASELINES",
+        "INVALID",
         "BaselineResult",
+        "BaselineRun",
         "generate_baseline",
         "generate_outlines",
         "json_object_closed",
+        "median_ms",
+        "parse_against",
         "partial_pairs",
+        "ready",
         "stream_baseline",
     ],
     "pcd_engine.chat": ["ChatMessage", "TextChunk", "chat_prompt_ids", "document_text", "stream_chat"],
-    "pcd_engine.cli": ["build_parser", "main"],
-    "pcd_engine.comparison": [
-        "BASELINES",
-        "BaselineRun",
-        "BenchRow",
-        "EvalReport",
-        "MethodScore",
-        "bench_presets",
-        "eval_schema",
-        "evaluate",
-        "median_ms",
-        "one_wave",
-        "parse_against",
-    ],
-    "pcd_engine.diagnostics": ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"],
-    "pcd_engine.evaluation": [
+    "pcd_engine.tools.cli": ["build_parser", "main"],
+    "pcd_engine.tools.bench": ["BenchRow", "bench_presets", "one_wave"],
+    "pcd_engine.tools.eval": ["EvalReport", "MethodScore", "eval_schema", "evaluate"],
+    "pcd_engine.tools.check": ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"],
+    "pcd_engine.tools.datasets": [
         "LabelledText",
         "Metrics",
         "agreement",
@@ -139,8 +134,8 @@ MODULE_ALL = {
         "classification_metrics",
         "load_dataset",
     ],
-    "pcd_engine.plots": ["plot_bench", "plot_eval"],
-    "pcd_engine.server": ["create_app", "header_timeout_protocol"],
+    "pcd_engine.tools.plots": ["plot_bench", "plot_eval"],
+    "pcd_engine.tools.serve": ["create_app", "header_timeout_protocol"],
     "pcd_engine.constraints": [
         "MAX_INT_LABELS",
         "MAX_SCHEMA_DEPTH",
@@ -158,6 +153,42 @@ MODULE_ALL = {
     "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"],
     "pcd_engine.lru": ["LRU"],
     "pcd_engine.cache": ["CompileCache", "Head"],
+    "pcd_engine.schema": [
+        "MAX_INT_LABELS",
+        "FieldSpec",
+        "Label",
+        "LabelValue",
+        "Preset",
+        "Schema",
+        "compile_schema",
+        "flag_key",
+        "load_preset",
+    ],
+    "pcd_engine.schema.fields": [
+        "FieldSpec",
+        "Label",
+        "LabelValue",
+        "Preset",
+        "Schema",
+        "boolean_field",
+        "build_schema",
+        "enum_field",
+        "flag_key",
+        "label_of",
+        "labels_of",
+        "multi_field",
+    ],
+    "pcd_engine.schema.open_values": ["NotClosed", "UNCONSTRAINED_HINT", "inline_refs", "open_field", "resolve_ref"],
+    "pcd_engine.schema.pydantic_reader": ["from_pydantic"],
+    "pcd_engine.schema.json_reader": ["from_json_schema"],
+    "pcd_engine.schema.presets": [
+        "PRESET_FILE_KEYS",
+        "PRESET_KEYS",
+        "PRESET_TYPES",
+        "from_preset",
+        "is_preset_field",
+        "load_preset",
+    ],
     "pcd_engine.budget": ["PassBudget", "largest"],
     "pcd_engine.checks": ["check_budget", "check_sizes", "check_text", "check_window"],
 }

@@ -12,10 +12,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from pcd_engine import generate_baseline, load_preset
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset, example_preset_path
 from pcd_engine.prompt import ChatPrompt
-from tests.test_conformance_torch import brute_force
-from tests.test_decoding_oracle import enumerate_paths
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset, example_preset_path
+from tests.support import enumerate_paths, torch_brute_force
 
 pytestmark = pytest.mark.real_model
 
@@ -61,7 +60,7 @@ def test_presets_equal_brute_force(default_engine, name):
     }
     every = [seq for paths in per_field.values() for _, seq in paths]
     shared = _common(every)
-    tails = brute_force(default_engine.backend, every[0][:shared], [seq[shared:] for seq in every])
+    tails = torch_brute_force(default_engine.backend.model, every[0][:shared], [seq[shared:] for seq in every])
     by_seq = {tuple(seq): lp for seq, lp in zip(every, tails)}
     for spec in preset.schema.fields:
         if spec.name not in per_field:

@@ -20,9 +20,9 @@ pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from pcd_engine import generate_baseline  # noqa: E402
-from pcd_engine.examples import EXAMPLE_PRESETS  # noqa: E402
-from pcd_engine.server import create_app  # noqa: E402
-from tests.conftest import serve_on_loopback  # noqa: E402
+from pcd_engine.tools.examples import EXAMPLE_PRESETS  # noqa: E402
+from pcd_engine.tools.serve import create_app  # noqa: E402
+from tests.support import serve_on_loopback  # noqa: E402
 
 pytestmark = pytest.mark.real_model
 

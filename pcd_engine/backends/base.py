@@ -290,6 +290,26 @@ class Backend(ABC):
         """
         raise NotImplementedError(f"Backend {self.name!r} has no plain reference scorer.")
 
+    def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
+        """Prepare the floor a tree pass is measured against: ONE plain causal pass of ``tokens`` after ``prefix``,
+        with the model's own cache and causal mask, computing the last ``rows`` output rows.
+
+        Args:
+            prefix: A prefilled head (left unchanged).
+            tokens: The new tokens.
+            rows: How many output rows (from the end) the pass computes.
+
+        Returns:
+            A function that runs the pass once, on a fresh copy of the head's cache, and returns when it is done.
+        """
+        raise NotImplementedError(f"Backend {self.name!r} has no plain causal pass.")
+
+    @property
+    def weights_dtype(self) -> str:
+        """The weights' precision: ``"float32"``, ``"bfloat16"``, ``"float16"``, or ``"mixed"`` (quantized or
+        mixed weights)."""
+        raise NotImplementedError(f"Backend {self.name!r} does not report its weights' precision.")
+
     def generate_greedy(
         self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
     ) -> list[int]:

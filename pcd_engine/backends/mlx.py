@@ -2,7 +2,7 @@
 
 Tree-packed scoring: mlx-lm models read their attention mask from ``cache.make_mask(...)`` and their RoPE
 positions from ``cache.offset``. The packed scorer therefore gives every layer a thin cache of its own
-(``_TreeLayer``) that keeps the whole history by concatenation and, during a pass, answers ``make_mask`` with
+(``TreeLayer``) that keeps the whole history by concatenation and, during a pass, answers ``make_mask`` with
 the tree mask (with the window built in for sliding layers) and ``offset`` with the per-token positions. MLX's
 fused RoPE takes one offset per batch row only, so each attention layer's ``rope`` is wrapped once
 (``TreeRoPE``) to move the tokens into the batch axis when it receives per-token positions; with an integer
@@ -23,189 +23,27 @@ imported, so mlx's BLAS calls resolve to it (:func:`preload_blas`). ``PCD_MLX_BL
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 import os
-import sys
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
-from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
+from pcd_engine.backends.mlx_tree import (
+    TreeLayer,
+    TreePass,
+    import_mlx,
+    module_wrappers,
+    preload_blas,
+)
+from pcd_engine.errors import ModelLoadError, OptionError
 from pcd_engine.tree import TreeBatch
 
 __all__ = ["MLXBackend", "preload_blas"]
 
 _MASKABLE_CACHES = {"KVCache", "RotatingKVCache"}
-_INSTALL = 'pip install "pcd[mlx]" (on Linux: pip install "mlx[cpu]" mlx-lm)'
-
-
-def preload_blas() -> bool:
-    """Load OpenBLAS with global symbols so that mlx's BLAS calls bind to it instead of the reference BLAS.
-
-    Only on Linux, and only before ``mlx.core`` is first imported (Python loads extensions with ``RTLD_NOW``, so
-    the BLAS symbols are bound once, at import). :class:`MLXBackend` calls this itself; call it yourself first
-    if your program imports ``mlx`` or ``mlx_lm`` before pcd. ``PCD_MLX_BLAS`` names the library to load, or
-    ``none`` to keep the reference BLAS.
-
-    Returns:
-        True when a library was loaded by this call.
-    """
-    global _BLAS_TRIED
-    choice = os.environ.get("PCD_MLX_BLAS", "")
-    if _BLAS_TRIED or choice.lower() == "none" or not sys.platform.startswith("linux"):
-        return False
-    _BLAS_TRIED = True
-    if "mlx.core" in sys.modules:
-        warnings.warn(
-            "mlx was imported before pcd could load OpenBLAS for it, so MLX runs on its reference BLAS (much slower "
-            "on CPU). Import pcd_engine.backends.mlx and call preload_blas() before importing mlx or mlx_lm.",
-            RuntimeWarning,
-            stacklevel=3,
-        )
-        return False
-    candidates = [choice] if choice else [ctypes.util.find_library("openblas") or "", "libopenblas.so.0"]
-    for name in filter(None, candidates):
-        try:
-            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
-            return True
-        except OSError:
-            continue
-    return False
-
-
-_BLAS_TRIED = False
-
-
-def _mlx() -> Any:
-    preload_blas()
-    try:
-        import mlx.core as mx
-        import mlx_lm  # noqa: F401 - checked here so that the error names both packages
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"Backend 'mlx': expected the packages mlx and mlx-lm to be importable, but {exc.name or 'mlx'} is "
-            f"missing. Install with: {_INSTALL}."
-        ) from exc
-    return mx
-
-
-@functools.cache
-def _wrappers() -> tuple[type, type]:
-    """The two module wrappers, defined on first use so that importing this file never imports mlx."""
-    _mlx()
-    import mlx.core as mx
-    import mlx.nn as nn
-
-    class TreeRoPE(nn.Module):
-        """A layer's RoPE that also takes one position per token (``offset`` of shape ``[L]``, batch of 1)."""
-
-        def __init__(self, inner: Any) -> None:
-            super().__init__()
-            self.inner = inner
-
-        def __call__(self, x: Any, offset: Any = 0) -> Any:
-            if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
-                # [1, H, L, D] -> [L, H, 1, D]: one token per batch row, each with its own offset.
-                return self.inner(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
-            return self.inner(x, offset=offset)
-
-    class RowPicker(nn.Module):
-        """The model's final norm, followed by keeping only the sequence rows the current pass reads."""
-
-        def __init__(self, inner: Any, shared: _Pass) -> None:
-            super().__init__()
-            self.inner = inner
-            self._shared = shared
-
-        def __call__(self, x: Any) -> Any:
-            keep = self._shared.keep
-            return self.inner(x if keep is None else x[:, keep])
-
-    return TreeRoPE, RowPicker
-
-
-class _Pass:
-    """What the model reads through its caches during one packed pass: the mask and the positions."""
-
-    def __init__(self) -> None:
-        self.keep: Any = None
-        self.positions: Any = 0
-        self._visible: np.ndarray | None = None
-        self._distance: np.ndarray | None = None
-        self._causal_only = False
-        self._masks: dict[int | None, Any] = {}
-
-    def begin(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, *, causal_only: bool) -> None:
-        mx = _mlx()
-        self._visible = visible
-        self._distance = qpos[:, None] - kpos[None, :]
-        self._causal_only = causal_only
-        self._masks = {}
-        past = int(kpos.shape[0] - qpos.shape[0])
-        # A block of consecutive positions takes mlx's ordinary integer offset.
-        self.positions = past if causal_only else mx.array(qpos.astype(np.int32))
-
-    def end(self) -> None:
-        self._visible = self._distance = None
-        self._masks = {}
-        self.positions = 0
-        self.keep = None
-
-    def mask(self, window: int | None, *, return_array: bool = False) -> Any:
-        if self._visible is None or self._distance is None:
-            raise RuntimeError("The packed MLX cache was used outside a pass.")
-        if window is None and self._causal_only and not return_array:
-            return "causal" if self._visible.shape[0] > 1 else None
-        if window not in self._masks:
-            mx = _mlx()
-            visible = self._visible if window is None else self._visible & (self._distance < window)
-            self._masks[window] = mx.array(visible)
-        return self._masks[window]
-
-
-class _TreeLayer:
-    """One layer's KV cache for the packed scorer: the whole history, grown by concatenation (so a fork that
-    shares arrays with its prefix never writes into them), with the current pass's mask and positions."""
-
-    def __init__(self, shared: _Pass, *, window: int | None, keys: Any = None, values: Any = None) -> None:
-        self.shared = shared
-        self.window = window
-        self.keys = keys
-        self.values = values
-        self.length = 0 if keys is None else int(keys.shape[2])
-
-    @property
-    def offset(self) -> Any:
-        """What attention passes to RoPE: the integer start of a causal block, or one position per token."""
-        return self.shared.positions
-
-    def make_mask(self, n: int, *, window_size: int | None = None, return_array: bool = False) -> Any:
-        return self.shared.mask(window_size or self.window, return_array=return_array)
-
-    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
-        if self.keys is None:
-            self.keys, self.values = keys, values
-        else:
-            mx = _mlx()
-            self.keys = mx.concatenate([self.keys, keys], axis=2)
-            self.values = mx.concatenate([self.values, values], axis=2)
-        self.length = int(self.keys.shape[2])
-        return self.keys, self.values
-
-    def crop(self, n: int) -> None:
-        if n and self.keys is not None:
-            self.length -= n
-            self.keys = self.keys[:, :, : self.length]
-            self.values = self.values[:, :, : self.length]
-
-    def fork(self) -> _TreeLayer:
-        return _TreeLayer(self.shared, window=self.window, keys=self.keys, values=self.values)
 
 
 @dataclass
@@ -244,7 +82,7 @@ class MLXBackend(Backend):
     name = "mlx"
 
     def __init__(self, model: Any, tokenizer: Any, *, scorer: str = "auto", device: str | None = None) -> None:
-        mx = _mlx()
+        mx = import_mlx()
         from mlx_lm.models.cache import make_prompt_cache
         from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -268,10 +106,10 @@ class MLXBackend(Backend):
                 f"model has caches {sorted(kinds)}. Use scorer='auto'."
             )
         self.scorer = "packed" if scorer == "auto" and maskable else ("rows" if scorer == "auto" else scorer)
-        self._shared = _Pass()
+        self._shared = TreePass()
         # Sliding layers keep their whole history here; their window goes into the mask instead.
         self._windows = [c.max_size if type(c).__name__ == "RotatingKVCache" else None for c in defaults]
-        tree_rope, row_picker = _wrappers()
+        tree_rope, row_picker = module_wrappers()
         if self.scorer == "packed":
             for attn in attention:
                 if not isinstance(attn.rope, tree_rope):
@@ -303,7 +141,7 @@ class MLXBackend(Backend):
             ModelLoadError: If the model cannot be loaded.
             OptionError: If ``dtype`` is unknown.
         """
-        mx = _mlx()
+        mx = import_mlx()
         import mlx_lm
 
         from pcd_engine.models import mlx_config_overrides
@@ -373,7 +211,7 @@ class MLXBackend(Backend):
 
     def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own caches and masks."""
-        mx = _mlx()
+        mx = import_mlx()
         from mlx_lm.models.cache import make_prompt_cache
 
         cache = make_prompt_cache(self.model)
@@ -388,16 +226,38 @@ class MLXBackend(Backend):
     @serialized
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
-        mx = _mlx()
+        mx = import_mlx()
         logits = self._forward(mx.array([list(ids)]), None, keep=None)[0, :-1]
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         picked = mx.take_along_axis(logp, mx.array(list(ids)[1:])[:, None], axis=-1)[:, 0]
         return np.array(picked, dtype=np.float64)
 
+    def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
+        """See :meth:`Backend.plain_pass` (the head runs once through mlx-lm's own caches, which each run copies)."""
+        mx = import_mlx()
+        if not isinstance(prefix, MLXPrefix):
+            raise TypeError(f"plain_pass: expected an MLXPrefix, but got {type(prefix).__name__}.")
+        native, _ = self._extend_native(None, list(prefix.ids))
+        inputs, keep = mx.array([list(tokens)]), list(range(len(tokens) - rows, len(tokens)))
+
+        def run() -> None:
+            mx.eval(self._forward(inputs, self._copy_native(native), keep=keep))
+
+        return run
+
+    @property
+    def weights_dtype(self) -> str:
+        """See :attr:`Backend.weights_dtype`."""
+        from mlx.utils import tree_flatten
+
+        flat: Any = tree_flatten(self.model.parameters())
+        dtypes = {str(v.dtype).removeprefix("mlx.core.") for _, v in flat}
+        return dtypes.pop() if len(dtypes) == 1 else "mixed"
+
     @property
     def default_memory_budget_mb(self) -> float:
         """1 GiB on CPU; with Metal a quarter of the unified memory, at most 16 GiB."""
-        mx = _mlx()
+        mx = import_mlx()
         try:
             if mx.metal.is_available() and self._device != mx.cpu:
                 total = float(mx.metal.device_info()["memory_size"]) / 2**20
@@ -413,15 +273,15 @@ class MLXBackend(Backend):
 
     # ------------------------------------------------------------------------------------------ packed
 
-    def _new_cache(self) -> list[_TreeLayer]:
-        return [_TreeLayer(self._shared, window=w) for w in self._windows]
+    def _new_cache(self) -> list[TreeLayer]:
+        return [TreeLayer(self._shared, window=w) for w in self._windows]
 
-    def _fork(self, cache: list[Any]) -> list[_TreeLayer]:
+    def _fork(self, cache: list[Any]) -> list[TreeLayer]:
         return [layer.fork() for layer in cache]
 
     def _forward(self, inputs: Any, cache: list[Any] | None, *, keep: Sequence[int] | None) -> Any:
         """One model call; returns float32 logits of the ``keep`` rows (all rows when ``None``)."""
-        mx = _mlx()
+        mx = import_mlx()
         if self._picker is not None:
             self._picker._shared = self._shared  # another backend on the same model may have wrapped it last
         self._shared.keep = None if keep is None or self._picker is None else mx.array(list(keep))
@@ -438,8 +298,8 @@ class MLXBackend(Backend):
             logits = logits[:, list(keep)]
         return logits.astype(mx.float32)
 
-    def _packed_pass(self, cache: list[_TreeLayer], past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
-        mx = _mlx()
+    def _packed_pass(self, cache: list[TreeLayer], past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
+        mx = import_mlx()
         n = len(batch.tokens)
         if not causal and n == 0:
             return np.zeros(0)
@@ -466,7 +326,7 @@ class MLXBackend(Backend):
     @serialized
     def _grow_pass(
         self,
-        cache: list[_TreeLayer],
+        cache: list[TreeLayer],
         tokens: list[int],
         visible: np.ndarray,
         qpos: np.ndarray,
@@ -474,7 +334,7 @@ class MLXBackend(Backend):
         read: list[int],
     ) -> np.ndarray:
         """One packed pass that keeps its tokens in ``cache`` (see :meth:`Backend._grow_pass`)."""
-        mx = _mlx()
+        mx = import_mlx()
         keep = sorted(set(read))
         self._shared.begin(visible, qpos, kpos, causal_only=False)
         try:
@@ -491,7 +351,7 @@ class MLXBackend(Backend):
 
     def _copy_native(self, cache: list[Any], *, repeat: int = 1) -> list[Any]:
         """Copy mlx-lm caches through their state (which carries the offset), optionally repeated over a batch."""
-        mx = _mlx()
+        mx = import_mlx()
         from mlx.utils import tree_map
 
         def copy(x: Any) -> Any:
@@ -503,7 +363,7 @@ class MLXBackend(Backend):
 
     def _extend_native(self, cache: list[Any] | None, ids: list[int]) -> tuple[list[Any], Any]:
         """Run ``ids`` on top of the model's own caches (``None`` starts them); return them and the last logits."""
-        mx = _mlx()
+        mx = import_mlx()
         from mlx_lm.models.cache import make_prompt_cache
 
         if cache is None:
@@ -517,7 +377,7 @@ class MLXBackend(Backend):
     def _rows_pass(self, state: MLXState, causal: list[int], batch: TreeBatch, *, rows_per_call: int = 8) -> np.ndarray:
         """Row broadcast: extend the request's own caches by ``causal``, then score each root-to-leaf chain as a
         row on a copy of them repeated over the batch (right-padded; padding comes after every read)."""
-        mx = _mlx()
+        mx = import_mlx()
         state.cache, last = self._extend_native(state.cache, causal)
         state.ids.extend(causal)
         state.length += len(causal)
@@ -557,7 +417,7 @@ class MLXBackend(Backend):
     @serialized
     def _rows_step(self, cache: list[Any], tokens: list[int]) -> np.ndarray:
         """One token per batch row on the repeated caches (see :meth:`Backend._rows_step`)."""
-        mx = _mlx()
+        mx = import_mlx()
         logits = self._forward(mx.array(np.asarray(tokens, dtype=np.int32)[:, None]), cache, keep=None)[:, -1]
         out = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         mx.eval(out, [c.state for c in cache])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,6 +208,25 @@ class TorchBackend(Backend):
         logp = torch.log_softmax(logits[0, :-1].double(), dim=-1)
         targets = torch.tensor(list(ids)[1:], device=logp.device)
         return logp.gather(1, targets[:, None])[:, 0].cpu().numpy()
+
+    def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
+        """See :meth:`Backend.plain_pass`."""
+        torch = _torch()
+        inputs = torch.tensor([list(tokens)], device=self._device)
+
+        def run() -> None:
+            state = self.start(prefix)
+            with self._grad(), self.model_lock:
+                self.model(input_ids=inputs, **{self._cache_kw: state.cache}, use_cache=True, logits_to_keep=rows)
+            self.forward_passes += 1
+
+        return run
+
+    @property
+    def weights_dtype(self) -> str:
+        """See :attr:`Backend.weights_dtype`."""
+        dtypes = {str(p.dtype).removeprefix("torch.") for p in self.model.parameters()}
+        return dtypes.pop() if len(dtypes) == 1 else "mixed"
 
     @property
     def default_memory_budget_mb(self) -> float:

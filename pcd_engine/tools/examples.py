@@ -9,7 +9,7 @@ from pcd_engine.schema import Preset, load_preset
 
 __all__ = ["EXAMPLE_PRESETS", "example_preset", "example_preset_path"]
 
-_FOLDER = Path(__file__).resolve().parent / "presets"
+_FOLDER = Path(__file__).resolve().parent.parent / "presets"
 
 EXAMPLE_PRESETS: tuple[str, ...] = (
     "support_triage",

@@ -6,25 +6,33 @@
   pcd's prompt without the opening ``{``, which the grammar writes itself.
 
 Both report how valid the written object is: a parse error, missing keys, extra keys, or values outside the
-allowed labels.
+allowed labels. :data:`BASELINES` names them for ``pcd bench`` and ``pcd eval`` (``--against``), which time them
+with :func:`median_ms`.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import statistics
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_engine.errors import BackendUnavailableError, ContextError
+from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError
 from pcd_engine.generation import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
 __all__ = [
+    "BASELINES",
+    "INVALID",
     "BaselineResult",
+    "BaselineRun",
+    "median_ms",
+    "parse_against",
+    "ready",
     "generate_baseline",
     "generate_outlines",
     "json_object_closed",
@@ -306,3 +314,71 @@ def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: in
     eos = engine.tokenizer.eos_ids
     written = engine.tokenizer.decode([t for t in new if t not in eos])
     return _result(compiled, written, len(new), len(new), ms, setup_ms)
+
+
+# ------------------------------------------------------------------------------------------ running them
+
+
+BASELINES: dict[str, Callable[..., BaselineResult]] = {"ar": generate_baseline, "outlines": generate_outlines}
+INVALID = "<invalid>"
+
+Progress = Callable[[str], None]
+
+
+def ready(engine: Any, against: Sequence[str]) -> None:
+    """Fail before any timing when a baseline cannot run on this engine."""
+    parse_against(",".join(against))
+    if "outlines" in against:
+        outlines_model(engine)
+
+
+def parse_against(text: str | None) -> tuple[str, ...]:
+    """Parse ``--against``: comma-separated names from :data:`BASELINES`, or ``none``/empty for no baseline.
+
+    Raises:
+        OptionError: If a name is unknown.
+    """
+    if not text or text.strip().lower() == "none":
+        return ()
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise OptionError(f"--against: expected names from {sorted(BASELINES)} or 'none', but got {unknown}.")
+    return names
+
+
+def median_ms(fn: Callable[[], Any], repeats: int, sync: Callable[[], Any] = lambda: None) -> float:
+    """Median wall time of ``fn()`` over ``repeats`` runs, in ms; ``sync`` waits for the device around each."""
+    times = []
+    for _ in range(repeats):
+        sync()
+        started = time.perf_counter()
+        fn()
+        sync()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+@dataclass(frozen=True)
+class BaselineRun:
+    """One baseline on one preset.
+
+    Attributes:
+        method: The baseline's name in :data:`BASELINES`.
+        ms: Median wall time of its generation.
+        tokens: Tokens it wrote.
+        valid: Whether its object was a valid answer (parses, every key, allowed values, no extra keys).
+        errors: What was invalid, in words.
+        agree: How many fields equal pcd's default-settings decisions.
+        setup_ms: One-off work excluded from ``ms`` (outlines' index compilation).
+        speedup: ``ms`` divided by pcd's default-settings ms.
+    """
+
+    method: str
+    ms: float
+    tokens: int
+    valid: bool
+    errors: tuple[str, ...]
+    agree: int
+    setup_ms: float
+    speedup: float

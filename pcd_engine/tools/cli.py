@@ -20,10 +20,10 @@ from typing import Any
 
 from pcd_engine.checks import check_text
 from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, PCDError
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
 from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
 __all__ = ["build_parser", "main"]
 
@@ -162,7 +162,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pcd_engine.diagnostics import CHECKS, run_checks
+    from pcd_engine.tools.check import CHECKS, run_checks
 
     engine = _engine(args)
     results = []
@@ -241,7 +241,8 @@ def _versions() -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pcd_engine.comparison import bench_presets, parse_against
+    from pcd_engine.tools.baseline import parse_against
+    from pcd_engine.tools.bench import bench_presets
 
     against = parse_against(args.against)
     presets = [_preset(ref) for ref in args.presets]
@@ -272,15 +273,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, {"model": args.model, "versions": _versions(), "rows": [r.to_json() for r in rows]})
     if args.plot:
-        from pcd_engine.plots import plot_bench
+        from pcd_engine.tools.plots import plot_bench
 
         print(f"plot: {plot_bench(rows, args.plot, title=f'pcd against its baselines ({args.model})')}")
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pcd_engine.comparison import eval_schema, evaluate, parse_against
-    from pcd_engine.evaluation import load_dataset
+    from pcd_engine.tools.baseline import parse_against
+    from pcd_engine.tools.datasets import load_dataset
+    from pcd_engine.tools.eval import eval_schema, evaluate
 
     against = parse_against(args.against)
     docs = load_dataset(args.dataset, limit=args.limit, seed=args.seed)
@@ -317,14 +319,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.json:
         _write_json(args.json, {"model": args.model, "versions": _versions(), "report": report.to_json()})
     if args.plot:
-        from pcd_engine.plots import plot_eval
+        from pcd_engine.tools.plots import plot_eval
 
         print(f"\nplot: {plot_eval(report, args.plot, title=f'{args.model} on {_dataset_name(args.dataset)}')}")
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from pcd_engine.server import create_app, header_timeout_protocol
+    from pcd_engine.tools.serve import create_app, header_timeout_protocol
 
     try:
         import uvicorn

@@ -36,7 +36,7 @@ def plot_bench(rows: Sequence[Any], path: str | Path, *, title: str = "pcd again
     """Bar chart of milliseconds per preset (log scale): pcd, pcd one-pass, and each baseline, speed-ups on top.
 
     Args:
-        rows: :class:`~pcd_engine.comparison.BenchRow` items.
+        rows: :class:`~pcd_engine.tools.bench.BenchRow` items.
         path: The image file to write (the suffix picks the format, e.g. ``.png`` or ``.svg``).
         title: The figure title.
 
@@ -75,7 +75,7 @@ def plot_eval(report: Any, path: str | Path, *, title: str = "Accuracy against l
     """Scatter of accuracy against mean ms per document (log scale), one point per method.
 
     Args:
-        report: An :class:`~pcd_engine.comparison.EvalReport`.
+        report: An :class:`~pcd_engine.tools.eval.EvalReport`.
         path: The image file to write.
         title: The figure title.
 

