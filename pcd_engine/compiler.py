@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.prompt import TokenizerView, field_line, surface, tail_tokens
+from pcd_engine.prompt import TokenizerView, align_lines, field_line, surface
 from pcd_engine.schema import FieldSpec, Label, flag_key
 from pcd_engine.tree import TokenTree, TrieBuilder
 
@@ -41,7 +41,6 @@ __all__ = [
     "FieldTrie",
     "LabelPath",
     "TokenTree",
-    "common_prefix",
     "compile_wave",
     "questions",
     "written_value",
@@ -99,15 +98,6 @@ class CompiledWave:
     fields: tuple[FieldTrie, ...]
 
 
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens ``a`` and ``b`` share."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 def compile_wave(
     tokenizer: TokenizerView, fields: Sequence[FieldSpec], *, boundary_text: str, tail_text: str
 ) -> CompiledWave:
@@ -125,67 +115,28 @@ def compile_wave(
     Raises:
         PromptAlignmentError: If the tail and the lines cannot be aligned at a token boundary.
     """
-    base, skip = tail_tokens(tokenizer, boundary_text, tail_text)
-    prefix = boundary_text + tail_text
-    entries: list[tuple[int, int, int, str]] = []
-    for f, spec in enumerate(fields):
-        for li, label in enumerate(spec.labels):
-            for si, text in enumerate(label.surfaces):
-                entries.append((f, li, si, field_line(spec.name, text)))
-    texts = [prefix + line + "\n" for *_, line in entries]
-    encoded = tokenizer.hf(texts, add_special_tokens=False, return_offsets_mapping=True)
-    cut_paths: list[list[int]] = []
-    start = len(base)
-    rows = zip(entries, encoded["input_ids"], encoded["offset_mapping"], strict=True)
-    for (f, _li, _si, line), ids, offsets in rows:
-        comma = len(prefix) + len(line) - 1
-        cut = next((i + 1 for i, (_s, e) in enumerate(offsets) if e > comma), None)
-        if cut is None:
-            raise PromptAlignmentError(
-                f"Field {fields[f].name!r}: expected a token covering the comma after the value, but found none."
-            )
-        ids = list(ids)[:cut]
-        cut_paths.append(ids)
-        start = min(start, common_prefix(base, ids))
-    if start < skip:
-        raise PromptAlignmentError(
-            f"Prompt tail: expected the lines to leave the boundary token {boundary_text!r} intact, but they "
-            "changed it."
-        )
-
+    entries = [
+        (f, li, si, field_line(spec.name, text))
+        for f, spec in enumerate(fields)
+        for li, label in enumerate(spec.labels)
+        for si, text in enumerate(label.surfaces)
+    ]
+    aligned = align_lines(
+        tokenizer,
+        boundary_text=boundary_text,
+        tail_text=tail_text,
+        lines=[line for *_, line in entries],
+        ends=[len(line) - 1 for *_, line in entries],  # the comma after the value
+        follow="\n",
+        through=True,
+        names=[fields[f].name for f, *_ in entries],
+        what="value",
+    )
     trie = TrieBuilder()
     per_field: list[list[tuple[int, int, tuple[int, ...]]]] = [[] for _ in fields]
-    for (f, li, si, _line), ids in zip(entries, cut_paths, strict=True):
-        rel = ids[start:]
-        if not rel:
-            raise PromptAlignmentError(f"Field {fields[f].name!r}: expected value tokens after the tail, but got none.")
-        nodes = trie.add(rel)
-        per_field[f].append((li, si, tuple(nodes)))
-
-    tries = []
-    for spec, items in zip(fields, per_field, strict=True):
-        leaves = {chain[-1] for *_, chain in items}
-        for *_, chain in items:
-            if any(n in leaves for n in chain[:-1]):
-                raise PromptAlignmentError(
-                    f"Field {spec.name!r}: expected no label's tokens to be a prefix of another's, but the tokenizer "
-                    "produced one. Rename the labels."
-                )
-        depth = min(len(n) for *_, n in items)
-        for i in range(depth):
-            if len({n[i] for *_, n in items}) != 1:
-                depth = i
-                break
-        labels_under: dict[int, set[int]] = {}
-        for li, _si, chain in items:
-            for node in chain[depth:]:
-                labels_under.setdefault(node, set()).add(li)
-        paths = []
-        for li, si, chain in items:
-            ident = next(i for i in range(depth, len(chain)) if labels_under[chain[i]] == {li})
-            paths.append(LabelPath(li, si, chain, ident))
-        tries.append(FieldTrie(spec, tuple(paths), depth))
-
+    for (f, li, si, _line), rel in zip(entries, aligned.paths, strict=True):
+        per_field[f].append((li, si, tuple(trie.add(rel))))
+    tries = [_field_trie(spec, items) for spec, items in zip(fields, per_field, strict=True)]
     with_children = set(trie.parents)
     tree = TokenTree(
         tokens=tuple(trie.tokens),
@@ -193,7 +144,37 @@ def compile_wave(
         depths=tuple(trie.depths),
         packed=tuple(i for i in range(len(trie.tokens)) if i in with_children),
     )
-    return CompiledWave(tail_ids=tuple(base[skip:]), causal_len=start - skip, tree=tree, fields=tuple(tries))
+    return CompiledWave(tail_ids=aligned.tail_ids, causal_len=aligned.causal_len, tree=tree, fields=tuple(tries))
+
+
+def _field_trie(spec: FieldSpec, items: list[tuple[int, int, tuple[int, ...]]]) -> FieldTrie:
+    """One field's label paths in the wave's trie, with the depth where its labels part and where each label
+    becomes the only one below its node.
+
+    Raises:
+        PromptAlignmentError: If one label's tokens are a prefix of another's.
+    """
+    leaves = {chain[-1] for *_, chain in items}
+    for *_, chain in items:
+        if any(n in leaves for n in chain[:-1]):
+            raise PromptAlignmentError(
+                f"Field {spec.name!r}: expected no label's tokens to be a prefix of another's, but the tokenizer "
+                "produced one. Rename the labels."
+            )
+    depth = min(len(n) for *_, n in items)
+    for i in range(depth):
+        if len({n[i] for *_, n in items}) != 1:
+            depth = i
+            break
+    labels_under: dict[int, set[int]] = {}
+    for li, _si, chain in items:
+        for node in chain[depth:]:
+            labels_under.setdefault(node, set()).add(li)
+    paths = []
+    for li, si, chain in items:
+        ident = next(i for i in range(depth, len(chain)) if labels_under[chain[i]] == {li})
+        paths.append(LabelPath(li, si, chain, ident))
+    return FieldTrie(spec, tuple(paths), depth)
 
 
 def questions(spec: FieldSpec) -> tuple[FieldSpec, ...]:

@@ -34,10 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.compiler import common_prefix
-from pcd_engine.errors import BackendUnavailableError, PromptAlignmentError, SchemaError
+from pcd_engine.errors import BackendUnavailableError, SchemaError
 from pcd_engine.lru import LRU
-from pcd_engine.prompt import TokenizerView, tail_tokens
+from pcd_engine.prompt import TokenizerView, align_lines
 from pcd_engine.schema import FieldSpec
 
 __all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open", "walk_json"]
@@ -103,30 +102,22 @@ def compile_rows(
     Raises:
         PromptAlignmentError: If the rows cannot be aligned with the tail at a token boundary.
     """
-    base, skip = tail_tokens(tokenizer, boundary_text, tail_text)
-    prefix = boundary_text + tail_text
     heads = [f"\n  {json.dumps(f.name, ensure_ascii=False)}:" for f in fields]
     # A sample value after the colon makes the tokenizer split the colon the way it will when the value follows.
-    encoded = [tokenizer.encode_with_offsets(prefix + head + ' "",\n') for head in heads]
-    start = len(base)
-    cuts: list[tuple[list[int], str]] = []
-    for head, (ids, offsets) in zip(heads, encoded, strict=True):
-        colon = len(prefix) + len(head)
-        cut = sum(1 for _s, e in offsets if e <= colon)
-        covered = max((e for _s, e in offsets[:cut]), default=0)
-        cuts.append((list(ids[:cut]), (prefix + head)[covered:]))
-        start = min(start, common_prefix(base, ids[:cut]))
-    if start < skip:
-        raise PromptAlignmentError(
-            f"Prompt tail: expected the open rows to leave the boundary token {boundary_text!r} intact, but they "
-            "changed it."
-        )
-    prefixes = []
-    for f, (ids, _lead) in zip(fields, cuts, strict=True):
-        if len(ids) <= start:
-            raise PromptAlignmentError(f"Field {f.name!r}: expected key tokens after the tail, but got none.")
-        prefixes.append(tuple(ids[start:]))
-    return RowPlan(tuple(base[skip:]), start - skip, tuple(prefixes), tuple(lead for _ids, lead in cuts))
+    aligned = align_lines(
+        tokenizer,
+        boundary_text=boundary_text,
+        tail_text=tail_text,
+        lines=heads,
+        ends=[len(head) for head in heads],  # just after the colon; a token that crosses it is the model's
+        follow=' "",\n',
+        through=False,
+        names=[f.name for f in fields],
+        what="key",
+    )
+    prefix = boundary_text + tail_text
+    leads = tuple((prefix + head)[covered:] for head, covered in zip(heads, aligned.covered, strict=True))
+    return RowPlan(aligned.tail_ids, aligned.causal_len, aligned.paths, leads)
 
 
 class Grammars:

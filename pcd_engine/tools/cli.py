@@ -13,85 +13,27 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 from pcd_engine.checks import check_text
-from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, PCDError
+from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
 from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions
-from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
+from pcd_engine.tools.examples import EXAMPLE_PRESETS
+from pcd_engine.tools.terminal import (
+    dataset_name,
+    progress,
+    read_json,
+    read_preset,
+    read_text,
+    table,
+    versions,
+    write_json,
+)
 
 __all__ = ["build_parser", "main"]
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-
-
-def _table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
-
-
-@contextmanager
-def _progress(total: int, *, quiet: bool, unit: str = "step") -> Iterator[Callable[[str], None]]:
-    """A tqdm bar on stderr; yields ``tick(description)``, which names the step about to run."""
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=quiet, delay=1.0, leave=False, dynamic_ncols=True)
-    started = [False]
-
-    def tick(description: str) -> None:
-        if started[0]:
-            bar.update(1)
-        started[0] = True
-        bar.set_description(description, refresh=False)
-
-    try:
-        yield tick
-        if started[0]:
-            bar.update(1)
-    finally:
-        bar.close()
-
-
-def _read_text(path: str, what: str) -> str:
-    if path == "-":
-        return sys.stdin.read()
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(f"{what} {path!r}: expected an existing file, but it does not exist.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{what} {path!r}: expected a readable UTF-8 text file, but reading failed ({exc}).") from None
-
-
-def _read_json(path: str, what: str) -> Any:
-    text = _read_text(path, what)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(
-            f"{what} {path!r}: expected JSON, but got bad JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
-        ) from None
-    except RecursionError:
-        raise InputError(f"{what} {path!r}: expected JSON, but it is nested too deeply to read.") from None
-
-
-def _preset(ref: str) -> tuple[str, Any]:
-    """An example preset by name, or a preset file by path."""
-    from pcd_engine.schema import load_preset
-
-    if ref in EXAMPLE_PRESETS:
-        return ref, example_preset(ref)
-    if not ref.endswith(".json") and not os.path.exists(ref):
-        raise InputError(f"Preset {ref!r}: expected an example preset ({', '.join(EXAMPLE_PRESETS)}) or a .json file.")
-    return Path(ref).stem, load_preset(_read_json(ref, "Preset"))
 
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
@@ -124,21 +66,9 @@ def _engine(args: argparse.Namespace) -> Any:
     return Engine.load(name, backend=args.backend, device=args.device, dtype=args.dtype)
 
 
-def _write_json(path: str, data: Any) -> None:
-    try:
-        Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"JSON output {path!r}: expected a writable path, but writing failed ({exc}).") from None
-
-
 def _describe(engine: Any) -> str:
     backend = engine.backend
     return f"backend {backend.name} ({backend.scorer} scorer), python {platform.python_version()}"
-
-
-def _dataset_name(ref: str) -> str:
-    """A short name for a dataset argument: the name itself, or the last two parts of its path."""
-    return ref if not os.path.exists(ref) else "/".join(Path(ref).resolve().parts[-2:])
 
 
 def _fmt_mass(value: float | None) -> str:
@@ -156,7 +86,7 @@ def cmd_models(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{"alias": a.name, "torch": a.torch, "mlx": a.mlx} for a in ALIASES.values()], indent=2))
     else:
-        print(_table(("alias", "PyTorch checkpoint", "MLX checkpoint"), rows))
+        print(table(("alias", "PyTorch checkpoint", "MLX checkpoint"), rows))
         print("\nAny local folder or Hugging Face repo id works too; only the default needs no download.")
     return 0
 
@@ -166,13 +96,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     engine = _engine(args)
     results = []
-    with _progress(len(CHECKS), quiet=args.quiet, unit="check") as tick:
+    with progress(len(CHECKS), quiet=args.quiet, unit="check") as tick:
         for (name, _), check in zip(CHECKS, run_checks(engine), strict=True):
             tick(name)
             results.append(check)
     print(f"model: {args.model}; {_describe(engine)}\n")
     print(
-        _table(
+        table(
             ("check", "result", "detail", "ms"),
             [(c.name, "pass" if c.passed else "FAIL", c.detail, f"{c.ms:.0f}") for c in results],
         )
@@ -186,16 +116,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.preset and args.schema:
         raise OptionError("pcd run: expected either PRESET or --schema, but got both.")
     if args.preset:
-        _, preset = _preset(args.preset)
+        _, preset = read_preset(args.preset)
         schema, text = preset.schema, preset.context
     elif args.schema:
         from pcd_engine.schema import compile_schema
 
-        schema, text = compile_schema(_read_json(args.schema, "Schema")), None
+        schema, text = compile_schema(read_json(args.schema, "Schema")), None
     else:
         raise OptionError("pcd run: expected PRESET or --schema S.json, but got neither.")
     if args.context is not None:
-        text = _read_text(args.context, "Context")
+        text = read_text(args.context, "Context")
     elif args.text is not None:
         text = args.text
     if text is None:
@@ -217,7 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         )
         for f in out.fields.values()
     ]
-    print(_table(("field", "value", "probability", "candidate mass", "next alternatives"), rows))
+    print(table(("field", "value", "probability", "candidate mass", "next alternatives"), rows))
     s = out.stats
     print(
         f"\n{len(out.fields)} fields, {s.forward_passes} forward passes, {s.waves} waves, {s.prompt_tokens} prompt "
@@ -228,36 +158,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _versions() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    found = []
-    for name in ("torch", "transformers", "outlines", "outlines_core", "mlx", "mlx-lm"):
-        try:
-            found.append(f"{name} {version(name)}")
-        except PackageNotFoundError:
-            pass
-    return ", ".join(found) + f"; python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cpus"
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     from pcd_engine.tools.baseline import parse_against
     from pcd_engine.tools.bench import bench_presets
 
     against = parse_against(args.against)
-    presets = [_preset(ref) for ref in args.presets]
+    presets = [read_preset(ref) for ref in args.presets]
     engine = _engine(args)
     steps = len(presets) * (1 + len(against) + ("ar" in against))
-    with _progress(steps, quiet=args.quiet) as tick:
+    with progress(steps, quiet=args.quiet) as tick:
         rows = bench_presets(engine, presets, against=against, repeats=args.repeats, progress=tick)
     print(f"model: {args.model}; {_describe(engine)}; medians of {args.repeats}")
-    print(_versions() + "\n")
+    print(versions() + "\n")
     head = ["preset", "fields", "pcd ms", "passes", "pcd 1-pass ms"]
     for method in against:
         head += [f"{method} ms", f"{method} tokens", f"{method} valid", f"{method} agree", f"speed-up vs {method}"]
     if "ar" in against:
         head += ["full-answer AR ms", "speed-up vs full-answer AR"]
-    table = []
+    rows_out = []
     for r in rows:
         line: list[Any] = [r.preset, r.fields, f"{r.pcd_ms:.0f}", r.passes, f"{r.one_pass_ms:.0f}"]
         for b in r.baselines:
@@ -265,13 +183,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             line += [f"{b.ms:.0f}", b.tokens, valid, f"{b.agree}/{r.fields}", f"{b.speedup:.1f}x"]
         if r.full_answer_ms is not None:
             line += [f"{r.full_answer_ms:.0f} ({r.full_answer_tokens} tok)", f"{r.full_answer_ms / r.pcd_ms:.1f}x"]
-        table.append(line)
-    print(_table(head, table))
+        rows_out.append(line)
+    print(table(head, rows_out))
     setups = [f"{r.preset} {b.setup_ms:.0f} ms" for r in rows for b in r.baselines if b.setup_ms]
     if setups:
         print(f"\noutlines index compilation (once per schema, not in the medians): {', '.join(setups)}")
     if args.json:
-        _write_json(args.json, {"model": args.model, "versions": _versions(), "rows": [r.to_json() for r in rows]})
+        write_json(args.json, {"model": args.model, "versions": versions(), "rows": [r.to_json() for r in rows]})
     if args.plot:
         from pcd_engine.tools.plots import plot_bench
 
@@ -286,18 +204,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     against = parse_against(args.against)
     docs = load_dataset(args.dataset, limit=args.limit, seed=args.seed)
-    given = _read_json(args.schema, "Schema") if args.schema else None
+    given = read_json(args.schema, "Schema") if args.schema else None
     schema = eval_schema(args.field, [d.label for d in docs], description=args.description, schema=given)
     engine = _engine(args)
     options = _options(args).set_fields()
-    with _progress(len(docs), quiet=args.quiet, unit="doc") as tick:
+    with progress(len(docs), quiet=args.quiet, unit="doc") as tick:
         report = evaluate(
             engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick, **options
         )
     print(f"model: {args.model}; {_describe(engine)}; {len(docs)} documents (seed {args.seed})")
-    print(_versions() + "\n")
+    print(versions() + "\n")
     print(
-        _table(
+        table(
             ("method", "accuracy", "macro-F1", "mean ms / doc", "invalid", "agreement with pcd"),
             [
                 (
@@ -315,13 +233,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for m in report.methods:
         print(f"\nconfusion matrix, {m.method} (rows: gold, columns: predicted)\n")
         rows = [(gold, *counts) for gold, counts in zip(m.metrics.labels, m.metrics.confusion, strict=True)]
-        print(_table(("gold \\ predicted", *m.metrics.columns), rows))
+        print(table(("gold \\ predicted", *m.metrics.columns), rows))
     if args.json:
-        _write_json(args.json, {"model": args.model, "versions": _versions(), "report": report.to_json()})
+        write_json(args.json, {"model": args.model, "versions": versions(), "report": report.to_json()})
     if args.plot:
         from pcd_engine.tools.plots import plot_eval
 
-        print(f"\nplot: {plot_eval(report, args.plot, title=f'{args.model} on {_dataset_name(args.dataset)}')}")
+        print(f"\nplot: {plot_eval(report, args.plot, title=f'{args.model} on {dataset_name(args.dataset)}')}")
     return 0
 
 
@@ -362,63 +280,52 @@ def cmd_serve(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------------------ parser
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``pcd`` argument parser with its six sub-commands."""
-    parser = argparse.ArgumentParser(
-        prog="pcd",
-        description="Structured decisions from local LLMs: every label of every field decided in parallel.",
+def _with_model(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?" if optional else None,
+        default="default",
+        help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder or a repo id",
     )
-    parser.add_argument("--version", action="version", version=f"pcd {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"), help="default: auto")
+    p.add_argument("--device", default=None, help="torch device (cpu, cuda) or MLX device (cpu, gpu)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or loading messages")
 
-    def with_model(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
-        p.add_argument(
-            "model",
-            metavar="MODEL",
-            nargs="?" if optional else None,
-            default="default",
-            help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder or a repo id",
-        )
-        p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"), help="default: auto")
-        p.add_argument("--device", default=None, help="torch device (cpu, cuda) or MLX device (cpu, gpu)")
-        p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
-        p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or loading messages")
 
-    def with_decoding(p: argparse.ArgumentParser) -> None:
-        p.add_argument(
-            "--strategy",
-            default=None,
-            choices=(*STRATEGIES, *STRATEGY_ALIASES),
-            help="how labels are decided (default: auto; first_token, trie and greedy are the first pcd's names)",
-        )
-        p.add_argument("--no-anchor", action="store_true", help="decide every field in one pass (no anchor wave)")
-        p.add_argument("--temperature", type=float, default=None, help="reshape the reported probabilities (> 0)")
-        p.add_argument("--max-tokens", type=int, default=None, help="token limit of each generated field's value")
-        p.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory of one pass, in MiB")
-        p.add_argument("--instructions", default=None, help="text that replaces pcd's own instruction sentence")
-        p.add_argument("--no-list-choices", action="store_true", help="do not list the allowed values in the prompt")
-        p.add_argument("--quoted-booleans", action="store_true", help='write booleans as "true" / "false"')
+def _with_decoding(p: argparse.ArgumentParser) -> None:
+    """The flags that map onto :class:`~pcd_engine.options.ExtractOptions` (see :func:`_options`)."""
+    p.add_argument(
+        "--strategy",
+        default=None,
+        choices=(*STRATEGIES, *STRATEGY_ALIASES),
+        help="how labels are decided (default: auto; first_token, trie and greedy are the first pcd's names)",
+    )
+    p.add_argument("--no-anchor", action="store_true", help="decide every field in one pass (no anchor wave)")
+    p.add_argument("--temperature", type=float, default=None, help="reshape the reported probabilities (> 0)")
+    p.add_argument("--max-tokens", type=int, default=None, help="token limit of each generated field's value")
+    p.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory of one pass, in MiB")
+    p.add_argument("--instructions", default=None, help="text that replaces pcd's own instruction sentence")
+    p.add_argument("--no-list-choices", action="store_true", help="do not list the allowed values in the prompt")
+    p.add_argument("--quoted-booleans", action="store_true", help='write booleans as "true" / "false"')
 
-    p = sub.add_parser("models", help="list model aliases with their PyTorch and MLX checkpoints")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=cmd_models)
 
-    p = sub.add_parser("check", help="does this model work? conformance checks, presets, one extraction")
-    with_model(p)
-    p.set_defaults(func=cmd_check)
-
+def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="fill in a schema from a text and print values with probabilities")
-    with_model(p)
+    _with_model(p)
     p.add_argument("preset", nargs="?", metavar="PRESET", help="example preset name or preset .json file")
     p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict (instead of PRESET)")
     p.add_argument("--context", metavar="C.txt", help="the text to read ('-' for stdin)")
     p.add_argument("--text", help="the text itself")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
-    with_decoding(p)
+    _with_decoding(p)
     p.set_defaults(func=cmd_run)
 
+
+def _add_bench(sub: Any) -> None:
     p = sub.add_parser("bench", help="time pcd against autoregressive generation and outlines")
-    with_model(p)
+    _with_model(p)
     p.add_argument(
         "presets", nargs="+", metavar="PRESET", help=f"example presets ({', '.join(EXAMPLE_PRESETS)}) or .json files"
     )
@@ -428,12 +335,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT.json", help="write the raw figures")
     p.set_defaults(func=cmd_bench)
 
+
+def _add_eval(sub: Any) -> None:
     p = sub.add_parser("eval", help="accuracy on labelled data against the baselines")
-    with_model(p)
+    _with_model(p)
     p.add_argument(
-        "dataset",
-        metavar="DATASET",
-        help="a JSONL file of {text, label}, a folder of label folders, or bbc-news",
+        "dataset", metavar="DATASET", help="a JSONL file of {text, label}, a folder of label folders, or bbc-news"
     )
     p.add_argument("--field", required=True, help="the field to decide (its labels are the dataset's)")
     p.add_argument("--schema", metavar="S.json", help="decide --field inside this schema instead")
@@ -444,26 +351,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=None, help="cut each document to this many characters")
     p.add_argument("--plot", metavar="OUT.png", help="write accuracy against latency")
     p.add_argument("--json", metavar="OUT.json", help="write the report with every prediction")
-    with_decoding(p)
+    _with_decoding(p)
     p.set_defaults(func=cmd_eval)
 
+
+def _add_serve(sub: Any) -> None:
     p = sub.add_parser("serve", help="the side-by-side web page, a JSON API and an OpenAI-compatible endpoint")
-    with_model(p, optional=True)
+    _with_model(p, optional=True)
     p.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1 (loopback only)")
     p.add_argument("--port", type=int, default=8000, help="default: 8000")
     p.add_argument("--name", default=None, help="model id for /v1 (default: MODEL)")
-    p.add_argument(
-        "--max-labels", type=int, default=SERVER_LIMITS.max_labels, help="allowed values per request (0: no limit)"
-    )
+    limits = SERVER_LIMITS
+    p.add_argument("--max-labels", type=int, default=limits.max_labels, help="allowed values per request (0: no limit)")
     p.add_argument(
         "--max-generated-tokens",
         type=int,
-        default=SERVER_LIMITS.max_generated_tokens,
+        default=limits.max_generated_tokens,
         help="tokens generated per request over all open fields (0: no limit)",
     )
-    p.add_argument(
-        "--time-limit", type=float, default=SERVER_LIMITS.time_limit_s, help="seconds per request (0: no limit)"
-    )
+    p.add_argument("--time-limit", type=float, default=limits.time_limit_s, help="seconds per request (0: no limit)")
     p.add_argument(
         "--body-timeout",
         type=float,
@@ -474,6 +380,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host", action="append", default=[], metavar="NAME", help="another Host name to accept (repeatable)"
     )
     p.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``pcd`` argument parser with its six sub-commands."""
+    parser = argparse.ArgumentParser(
+        prog="pcd",
+        description="Structured decisions from local LLMs: every label of every field decided in parallel.",
+    )
+    parser.add_argument("--version", action="version", version=f"pcd {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser("models", help="list model aliases with their PyTorch and MLX checkpoints")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_models)
+    p = sub.add_parser("check", help="does this model work? conformance checks, presets, one extraction")
+    _with_model(p)
+    p.set_defaults(func=cmd_check)
+    for add in (_add_run, _add_bench, _add_eval, _add_serve):
+        add(sub)
     return parser
 
 

@@ -1,0 +1,108 @@
+"""What the command line shares with the terminal: Markdown tables, progress bars, and reading the user's files
+(every failure an :class:`~pcd_engine.errors.InputError` that names the file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from pcd_engine.errors import InputError
+from pcd_engine.schema import Preset, load_preset
+from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
+
+__all__ = ["dataset_name", "progress", "read_json", "read_preset", "read_text", "table", "versions", "write_json"]
+
+
+def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+@contextmanager
+def progress(total: int, *, quiet: bool, unit: str = "step") -> Iterator[Callable[[str], None]]:
+    """A tqdm bar on stderr; yields ``tick(description)``, which names the step about to run."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=quiet, delay=1.0, leave=False, dynamic_ncols=True)
+    started = [False]
+
+    def tick(description: str) -> None:
+        if started[0]:
+            bar.update(1)
+        started[0] = True
+        bar.set_description(description, refresh=False)
+
+    try:
+        yield tick
+        if started[0]:
+            bar.update(1)
+    finally:
+        bar.close()
+
+
+def read_text(path: str, what: str) -> str:
+    """The text of ``path`` (``-`` reads stdin); ``what`` names it in messages."""
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} {path!r}: expected an existing file, but it does not exist.") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {path!r}: expected a readable UTF-8 text file, but reading failed ({exc}).") from None
+
+
+def read_json(path: str, what: str) -> Any:
+    """The JSON value in ``path``; ``what`` names it in messages."""
+    text = read_text(path, what)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(
+            f"{what} {path!r}: expected JSON, but got bad JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})."
+        ) from None
+    except RecursionError:
+        raise InputError(f"{what} {path!r}: expected JSON, but it is nested too deeply to read.") from None
+
+
+def read_preset(ref: str) -> tuple[str, Preset]:
+    """An example preset by name, or a preset file by path, with its name."""
+    if ref in EXAMPLE_PRESETS:
+        return ref, example_preset(ref)
+    if not ref.endswith(".json") and not os.path.exists(ref):
+        raise InputError(f"Preset {ref!r}: expected an example preset ({', '.join(EXAMPLE_PRESETS)}) or a .json file.")
+    return Path(ref).stem, load_preset(read_json(ref, "Preset"))
+
+
+def write_json(path: str, data: Any) -> None:
+    """Write ``data`` as indented JSON to ``path``."""
+    try:
+        Path(path).write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise InputError(f"JSON output {path!r}: expected a writable path, but writing failed ({exc}).") from None
+
+
+def dataset_name(ref: str) -> str:
+    """A short name for a dataset argument: the name itself, or the last two parts of its path."""
+    return ref if not os.path.exists(ref) else "/".join(Path(ref).resolve().parts[-2:])
+
+
+def versions() -> str:
+    """The versions of the libraries a benchmark depends on, and the machine."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in ("torch", "transformers", "outlines", "outlines_core", "mlx", "mlx-lm"):
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            pass
+    return ", ".join(found) + f"; python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} cpus"
