@@ -27,6 +27,7 @@ import numpy as np
 
 from pcd_engine.compiler import FieldTrie, LabelPath
 from pcd_engine.errors import OptionError
+from pcd_engine.options import STRATEGIES
 
 __all__ = ["Decision", "Exact", "Fixed", "Marginal", "Strategy", "TrieWalk", "choose_strategy"]
 
@@ -206,7 +207,8 @@ class Fixed(Strategy):
         return Decision(0, (1.0,), None, self.name)
 
 
-_STRATEGIES = {"marginal": Marginal, "exact": Exact, "trie_walk": TrieWalk}
+# Keyed by the names ExtractOptions accepts (options.STRATEGIES, where option parsing checks them first).
+_STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Marginal, Exact, TrieWalk)}
 
 
 def choose_strategy(n_labels: int, *, name: str | None = None, marginal_max_labels: int = 32) -> Strategy:
@@ -229,5 +231,5 @@ def choose_strategy(n_labels: int, *, name: str | None = None, marginal_max_labe
     if name is None:
         return Marginal() if n_labels <= marginal_max_labels else TrieWalk()
     if name not in _STRATEGIES:
-        raise OptionError(f"Strategy: expected one of {sorted(_STRATEGIES)}, but got {name!r}.")
+        raise OptionError(f"Strategy: expected one of {list(STRATEGIES)}, but got {name!r}.")
     return _STRATEGIES[name]()

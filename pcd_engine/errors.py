@@ -6,7 +6,11 @@ expected, what was received, and how to fix it, so that a caller can show them t
 
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
+
 __all__ = [
+    "require",
     "BackendUnavailableError",
     "ContextError",
     "DatasetError",
@@ -77,3 +81,33 @@ class RequestCancelled(PCDError):
 
 class RequestTimeout(RequestCancelled):
     """A request ran past its time limit; the work stopped at the next pass boundary."""
+
+
+def require(*modules: str, what: str, install: str) -> list[ModuleType]:
+    """Import optional packages, in order, or fail with one message naming the missing one.
+
+    Args:
+        *modules: Module names to import (``"llguidance.hf"``, ``"mlx.core"``).
+        what: What needs them, for the message (``"Open fields"``, ``"Backend 'mlx'"``).
+        install: The command that installs them.
+
+    Returns:
+        The imported modules, in order.
+
+    Raises:
+        BackendUnavailableError: If one cannot be imported (the message names it, and the import error when it is
+            about something else, such as a broken dependency).
+    """
+    found = []
+    for name in modules:
+        try:
+            found.append(importlib.import_module(name))
+        except ImportError as exc:
+            missing = exc.name or name
+            detail = "" if missing == name or name.startswith(f"{missing}.") else f" ({exc})"
+            packages = sorted({m.split(".")[0] for m in modules})
+            raise BackendUnavailableError(
+                f"{what}: expected {' and '.join(packages)} to be installed, but {missing!r} is missing{detail}. "
+                f"Install with: {install}."
+            ) from exc
+    return found

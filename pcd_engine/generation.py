@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.errors import BackendUnavailableError, SchemaError
+from pcd_engine.errors import SchemaError, require
 from pcd_engine.lru import LRU
 from pcd_engine.prompt import TokenizerView, align_lines
 from pcd_engine.schema import FieldSpec
@@ -137,15 +137,7 @@ class Grammars:
 
     @staticmethod
     def _llg() -> Any:
-        try:
-            import llguidance
-            import llguidance.hf
-        except ImportError as exc:
-            raise BackendUnavailableError(
-                "Open fields: expected llguidance to be installed (it constrains generated values to their JSON "
-                "Schema), but it is missing. Install with: pip install llguidance."
-            ) from exc
-        return llguidance
+        return require("llguidance", "llguidance.hf", what="Open fields", install="pip install llguidance")[0]
 
     @property
     def tokenizer(self) -> Any:

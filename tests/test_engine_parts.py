@@ -122,3 +122,22 @@ def test_weights_dtype(engine, smol_tokenizer):
 
     half = TorchBackend(tiny_model("llama", len(smol_tokenizer)).to(torch.bfloat16), smol_tokenizer)
     assert half.weights_dtype == "bfloat16"
+
+
+def test_require_names_the_missing_package():
+    from pcd_engine import BackendUnavailableError
+    from pcd_engine.errors import require
+
+    (json_module,) = require("json", what="Test", install="nothing")
+    assert json_module.dumps([1]) == "[1]"
+    with pytest.raises(
+        BackendUnavailableError, match=r"Test: expected json and no_such_pkg_pcd .*'no_such_pkg_pcd'.*pip x"
+    ):
+        require("json", "no_such_pkg_pcd.sub", what="Test", install="pip x")
+
+
+def test_every_option_strategy_has_one_decoder():
+    from pcd_engine.decoding import choose_strategy
+    from pcd_engine.options import STRATEGIES
+
+    assert [choose_strategy(5, name=name).name for name in STRATEGIES] == list(STRATEGIES)

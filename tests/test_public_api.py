@@ -189,6 +189,7 @@ MODULE_ALL = {
     ],
     "pcd_engine.schema.fields": [
         "FieldSpec",
+        "Grade",
         "Label",
         "LabelValue",
         "Preset",

@@ -391,3 +391,21 @@ def test_multi_label_flags_use_one_key_for_every_label_type():
     assert [next(iter(a)) for a in asked] == list(written) == ["a b", "7", "true", "null"]
     assert written == {"a b": False, "7": True, "true": False, "null": True}
     assert spec.read(written) == [7, None]
+
+
+def test_grade_an_answer_against_the_schema():
+    schema = compile_schema(
+        {
+            "mood": {"type": "enum", "choices": ["happy", "sad"]},
+            "urgent": {"type": "boolean"},
+            "note": {"type": "string"},
+        }
+    )
+    ok = schema.grade({"mood": "sad", "urgent": True, "note": "x"})
+    assert ok.valid and ok.errors({}) == []
+    answer = {"mood": "angry", "note": "x", "extra": 1}
+    bad = schema.grade(answer)
+    assert dict(bad.status) == {"mood": "invalid", "urgent": "missing", "note": "ok"}
+    assert bad.extra == ("extra",) and not bad.valid
+    assert bad.having("missing") == ["urgent"]
+    assert bad.errors(answer) == ["invalid value for 'mood': 'angry'", "missing key 'urgent'", "extra key 'extra'"]

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.errors import BackendUnavailableError
+from pcd_engine.errors import require
 
 __all__ = ["INSTALL_HINT", "TreeLayer", "TreePass", "import_mlx", "module_wrappers", "preload_blas"]
 
@@ -65,15 +65,7 @@ _BLAS_TRIED = False
 
 def import_mlx() -> Any:
     preload_blas()
-    try:
-        import mlx.core as mx
-        import mlx_lm  # noqa: F401 - checked here so that the error names both packages
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"Backend 'mlx': expected the packages mlx and mlx-lm to be importable, but {exc.name or 'mlx'} is "
-            f"missing. Install with: {INSTALL_HINT}."
-        ) from exc
-    return mx
+    return require("mlx.core", "mlx_lm", what="Backend 'mlx'", install=INSTALL_HINT)[0]
 
 
 @functools.cache

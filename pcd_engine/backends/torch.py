@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
-from pcd_engine.errors import BackendUnavailableError, ModelLoadError, OptionError
+from pcd_engine.errors import ModelLoadError, OptionError, require
 from pcd_engine.tree import TreeBatch
 
 __all__ = ["TorchBackend"]
@@ -31,14 +31,8 @@ _MASKABLE_KERNELS = {"eager", "sdpa"}
 
 
 def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:  # pragma: no cover - depends on the machine
-        raise BackendUnavailableError(
-            "Backend 'torch': expected PyTorch and transformers to be installed, but torch is missing. "
-            "Install with: pip install 'pcd[torch]' (on CPU: pip install torch==2.13.0 first)."
-        ) from exc
-    return torch
+    install = "pip install 'pcd[torch]' (on CPU: pip install torch==2.13.0 first)"
+    return require("torch", what="Backend 'torch'", install=install)[0]
 
 
 @dataclass

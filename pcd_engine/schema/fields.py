@@ -16,6 +16,7 @@ from pcd_engine.errors import SchemaError
 
 __all__ = [
     "FieldSpec",
+    "Grade",
     "Label",
     "LabelValue",
     "Preset",
@@ -190,6 +191,50 @@ class Schema:
             out["description"] = self.description
         out.update(properties=properties, required=[s.name for s in self.fields], additionalProperties=False)
         return out
+
+    def grade(self, values: Mapping[str, Any]) -> Grade:
+        """How a written answer (a JSON object's pairs) measures up: each field ok, missing or invalid, and the
+        keys the schema does not have."""
+        status = {}
+        for spec in self.fields:
+            if spec.name not in values:
+                status[spec.name] = "missing"
+            else:
+                status[spec.name] = "ok" if spec.allows(spec.read(values[spec.name])) else "invalid"
+        known = {f.name for f in self.fields}
+        return Grade(status, tuple(k for k in values if k not in known))
+
+
+@dataclass(frozen=True)
+class Grade:
+    """A written answer graded against a schema (:meth:`Schema.grade`).
+
+    Attributes:
+        status: Per field of the schema, in order: ``"ok"``, ``"missing"`` or ``"invalid"``.
+        extra: Keys written that the schema does not have, in the order written.
+    """
+
+    status: Mapping[str, str]
+    extra: tuple[str, ...]
+
+    @property
+    def valid(self) -> bool:
+        """Every field present and allowed, and no other key."""
+        return not self.extra and all(s == "ok" for s in self.status.values())
+
+    def having(self, status: str) -> list[str]:
+        """The fields with ``status``, in order."""
+        return [name for name, s in self.status.items() if s == status]
+
+    def errors(self, values: Mapping[str, Any]) -> list[str]:
+        """What makes the answer invalid, in words (``values`` is the graded answer)."""
+        out = []
+        for name, s in self.status.items():
+            if s == "missing":
+                out.append(f"missing key {name!r}")
+            elif s == "invalid":
+                out.append(f"invalid value for {name!r}: {values[name]!r}")
+        return out + [f"extra key {k!r}" for k in self.extra]
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError
+from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, require
 from pcd_engine.generation import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
@@ -85,13 +85,7 @@ def _check(compiled: Schema, written: str) -> tuple[dict[str, Any] | None, list[
     except json.JSONDecodeError as exc:
         errors.append(f"parse error: {exc.msg} at character {exc.pos}")
     if values is not None:
-        for spec in compiled.fields:
-            if spec.name not in values:
-                errors.append(f"missing key {spec.name!r}")
-            elif not spec.allows(spec.read(values[spec.name])):
-                errors.append(f"invalid value for {spec.name!r}: {values[spec.name]!r}")
-        known = {f.name for f in compiled.fields}
-        errors.extend(f"extra key {k!r}" for k in values if k not in known)
+        errors += compiled.grade(values).errors(values)
     return values, errors
 
 
@@ -232,13 +226,7 @@ def outlines_model(engine: Any) -> Any:
             f"Outlines baseline: expected the torch backend (outlines drives a transformers model), but the engine "
             f"runs on {backend.name!r}. Load it with backend='torch'."
         )
-    try:
-        import outlines
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"Outlines baseline: expected the 'outlines' package, but importing it failed ({exc}). "
-            "Install it with: pip install 'pcd[bench]'"
-        ) from exc
+    (outlines,) = require("outlines", what="Outlines baseline", install="pip install 'pcd[bench]'")
     if engine not in _OUTLINES:
         _OUTLINES[engine] = (outlines.from_transformers(backend.model, backend.tokenizer), {})
     return _OUTLINES[engine][0]

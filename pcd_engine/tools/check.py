@@ -149,10 +149,9 @@ def _one_extraction(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
     preset = example_preset("support_triage")
     out = engine.extract(preset.context, preset.schema)
     fields = preset.schema.fields
-    missing = [f.name for f in fields if f.name not in out.values]
-    invalid = [f.name for f in fields if f.name in out.values and out.values[f.name] not in f.values]
-    if missing or invalid:
-        return False, f"missing {missing}, invalid {invalid}"
+    grade = preset.schema.grade(out.values)
+    if not grade.valid:
+        return False, f"missing {grade.having('missing')}, invalid {grade.having('invalid')}, extra {list(grade.extra)}"
     return True, (
         f"{len(fields)} fields, {out.stats.forward_passes} forward passes, {out.stats.phases_ms['total']:.0f} ms, "
         f"{len(out.low_confidence())} low-confidence"

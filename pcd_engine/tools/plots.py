@@ -6,18 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.errors import BackendUnavailableError
+from pcd_engine.errors import require
 
 __all__ = ["plot_bench", "plot_eval"]
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            "Plot: expected matplotlib to be installed, but it is not. Install it with: pip install 'pcd[bench]'"
-        ) from exc
+    (matplotlib,) = require("matplotlib", what="Plot", install="pip install 'pcd[bench]'")
     matplotlib.use("Agg")  # files only; never open a window
     import matplotlib.pyplot as plt
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import BackendUnavailableError, OptionError
+from pcd_engine.errors import OptionError, require
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
@@ -168,12 +168,7 @@ def create_app(
     Raises:
         BackendUnavailableError: If FastAPI is not installed.
     """
-    try:
-        import fastapi
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"pcd serve: expected FastAPI and uvicorn to be installed, but they are not. Install them with: {INSTALL}"
-        ) from exc
+    (fastapi,) = require("fastapi", what="pcd serve", install=INSTALL)
     from pcd_engine.tools.serve.openai_api import openai_router
     from pcd_engine.tools.serve.page_api import page_router
 
@@ -197,14 +192,9 @@ def header_timeout_protocol(seconds: float) -> type:
     Raises:
         BackendUnavailableError: If uvicorn is not installed.
     """
-    try:
-        from uvicorn.protocols.http.h11_impl import H11Protocol
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            f"pcd serve: expected uvicorn, but it is not installed. Install it with: {INSTALL}"
-        ) from exc
+    h11: Any = require("uvicorn.protocols.http.h11_impl", what="pcd serve", install=INSTALL)[0]
 
-    class HeaderTimeoutH11(H11Protocol):  # type: ignore[misc]
+    class HeaderTimeoutH11(h11.H11Protocol):  # type: ignore[misc]
         _headers_timer: Any = None
 
         def connection_made(self, transport: Any) -> None:

@@ -38,14 +38,8 @@ def field_kinds(compiled: Schema) -> list[dict[str, Any]]:
 def key_status(compiled: Schema, text: str, result: BaselineResult | None) -> dict[str, Any]:
     """Per-key status of an autoregressive answer: ok, missing or invalid, plus the keys it invented."""
     written = result.values if result is not None and result.values is not None else partial_pairs(text)
-    status = {}
-    for spec in compiled.fields:
-        if spec.name not in written:
-            status[spec.name] = "missing"
-        else:
-            status[spec.name] = "ok" if spec.allows(spec.read(written[spec.name])) else "invalid"
-    known = {f.name for f in compiled.fields}
-    return {"values": written, "status": status, "invented": [k for k in written if k not in known]}
+    grade = compiled.grade(written)
+    return {"values": written, "status": dict(grade.status), "invented": list(grade.extra)}
 
 
 def _events(compiled: Schema, steps: Iterator[str | BaselineResult]) -> Iterator[str]:
