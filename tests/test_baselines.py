@@ -116,3 +116,13 @@ def test_result_to_json(default_engine):
         assert d["alternatives"] == [[a.value, a.probability] for a in f.alternatives]
     assert data["stats"]["forward_passes"] == out.stats.forward_passes
     assert data["warnings"] == list(out.warnings)
+
+
+def test_partial_pairs_reads_what_a_broken_answer_wrote():
+    from pcd_engine.tools.baseline import partial_pairs
+
+    assert partial_pairs('{"a": 1, "b": "hel') == {"a": 1}  # a string cut in the middle is not an answer
+    assert partial_pairs('{"a": 1, "b": {"c": 2}, "d": tru') == {"a": 1, "b": {"c": 2}}
+    assert partial_pairs('{"a": true} and then more text') == {"a": True}
+    assert partial_pairs('{"tags": ["x", "y", "z') == {"tags": ["x", "y"]}
+    assert partial_pairs("no object here") == {} and partial_pairs("[1, 2]") == {}

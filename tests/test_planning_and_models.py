@@ -94,3 +94,43 @@ def test_unknown_backend():
 def test_unloadable_repo_is_a_typed_error():
     with pytest.raises(ModelLoadError, match="Model 'someorg/not-cached'"):
         Engine.load("someorg/not-cached")
+
+
+def test_the_embedded_model_is_converted_once_under_a_lock(tmp_path, monkeypatch):
+    """Threads (or processes) asking for the embedded model at once: one converts, the others wait for it."""
+    import threading
+    import time
+
+    from pcd_engine import models
+
+    monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(models, "_gguf_file", lambda: tmp_path / "model.gguf")
+    calls = []
+
+    def fake_convert(gguf, out):
+        calls.append(out)
+        time.sleep(0.3)  # long enough for the other threads to arrive while it runs
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"weights")
+
+    monkeypatch.setattr(models, "_convert", fake_convert)
+    found = []
+    threads = [threading.Thread(target=lambda: found.append(models.default_model_path())) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert found == [tmp_path / "models" / "smollm2-135m-instruct"] * 4
+    assert (found[0] / "model.safetensors").read_bytes() == b"weights"
+    leftovers = [p for p in (tmp_path / "models").iterdir() if p.is_dir() and p.name.startswith(".smollm2-")]
+    assert not leftovers  # the temporary folder went
+
+
+def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    from pcd_engine.models import cache_dir
+
+    monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
+    assert cache_dir() == tmp_path
+    monkeypatch.delenv("PCD_CACHE_DIR")
+    assert cache_dir().name == "pcd"

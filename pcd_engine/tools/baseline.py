@@ -13,13 +13,14 @@ with :func:`median_ms`.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import pydantic_core
 
 from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, require
 from pcd_engine.generation import walk_json
@@ -96,31 +97,21 @@ def _result(
     return BaselineResult(written, values, not errors, tuple(errors), tokens, passes, ms, setup_ms)
 
 
-_KEY = re.compile(r'"((?:[^"\\]|\\.)*)"\s*:\s*')
-
-
 def partial_pairs(text: str) -> dict[str, Any]:
-    """The ``"key": value`` pairs readable in a possibly broken JSON text, first occurrence of each key.
+    """The top-level ``"key": value`` pairs readable in a possibly broken JSON object text.
 
     For showing what an autoregressive answer did write when the whole object does not parse (cut off, or
-    followed by more text): a value counts only when it is complete JSON on its own.
+    followed by more text). pydantic_core's partial JSON parser reads it: a string cut in the middle is left
+    out, a list or object cut in the middle keeps its complete items, and text after the object is ignored.
     """
-    pairs: dict[str, Any] = {}
-    decoder = json.JSONDecoder()
-    inside_until = 0  # keys inside a nested object or list are not top-level keys
-    for match in _KEY.finditer(text):
-        if match.start() < inside_until:
-            continue
-        try:
-            key = json.loads(f'"{match.group(1)}"')
-            value, end = decoder.raw_decode(text, match.end())
-        except ValueError:
-            continue
-        if isinstance(value, (dict, list)):
-            inside_until = end
-            continue
-        pairs.setdefault(key, value)
-    return pairs
+    start = text.find("{")
+    if start < 0:
+        return {}
+    try:
+        value = pydantic_core.from_json(text[start:], allow_partial=True)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def _default_limit(compiled: Schema) -> int:
