@@ -6,13 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pcd_engine.alignment import tail_tokens
 from pcd_engine.backends.base import Prefix
 from pcd_engine.compiler import CompiledWave, compile_wave
 from pcd_engine.generation import RowPlan, compile_rows
 from pcd_engine.lru import LRU
 from pcd_engine.options import PromptFormat
 from pcd_engine.planner import plan_passes
-from pcd_engine.prompt import ChatPrompt, TokenizerView, tail_tokens
+from pcd_engine.prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import FieldSpec, Schema
 from pcd_engine.tree import TreeBatch
 

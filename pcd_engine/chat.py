@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.prompt import render_chat
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
 
 __all__ = ["ChatMessage", "TextChunk", "chat_prompt_ids", "document_text", "stream_chat"]
 
@@ -120,7 +123,7 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 
 
 def stream_chat(
-    engine: Any, messages: Sequence[ChatMessage], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
+    engine: Engine, messages: Sequence[ChatMessage], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
 ) -> Iterator[TextChunk]:
     """Greedy free-text reply from the engine's model, streamed as text chunks.
 

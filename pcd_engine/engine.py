@@ -11,10 +11,14 @@ Every request is bounded before any model work: its labels and generated tokens 
 the memory budget. Nothing is cached for a request that fails. Time limits and cancellation are checked before
 every forward pass.
 
-Concurrency: an :class:`Engine` may be called from many threads. Each call keeps its own state
-(:class:`~pcd_engine.request.Request`) and statistics; the shared caches sit behind one lock, and the model runs
-one pass at a time (the backend's lock), so concurrent calls interleave at pass boundaries and get exactly the
-answers they would get one by one.
+A call runs as a :class:`~pcd_engine.request.Request` (its own tokens, answers, results and statistics) in four
+steps: open (checks, tokenization, the head prefill when it is not cached), one ``decide_wave`` per wave,
+``generate`` for the open rows, and ``result``. What is compiled once (schema heads with their KV, compiled waves,
+pass plans, row plans) lives in the engine's :class:`~pcd_engine.cache.CompileCache`.
+
+Concurrency: an :class:`Engine` may be called from many threads. The compile cache is a set of thread-safe LRUs,
+and the model runs one pass at a time (the backend's lock), so concurrent calls interleave at pass boundaries and
+get exactly the answers they would get one by one.
 """
 
 from __future__ import annotations

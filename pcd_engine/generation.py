@@ -34,9 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from pcd_engine.alignment import align_lines
 from pcd_engine.errors import SchemaError, require
 from pcd_engine.lru import LRU
-from pcd_engine.prompt import TokenizerView, align_lines
+from pcd_engine.prompt import TokenizerView
 from pcd_engine.schema import FieldSpec
 
 __all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open", "walk_json"]

@@ -18,13 +18,17 @@ import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 
 from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, require
 from pcd_engine.generation import walk_json
 from pcd_engine.schema import Schema, compile_schema
+
+if TYPE_CHECKING:
+    from pcd_engine.backends.torch import TorchBackend
+    from pcd_engine.engine import Engine
 
 __all__ = [
     "BASELINES",
@@ -120,7 +124,7 @@ def _default_limit(compiled: Schema) -> int:
 
 
 def stream_baseline(
-    engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None
+    engine: Engine, text: str, schema: Any, *, max_new_tokens: int | None = None
 ) -> Iterator[str | BaselineResult]:
     """:func:`generate_baseline`, streamed: the text each generated token adds, then the :class:`BaselineResult`.
 
@@ -139,7 +143,7 @@ def stream_baseline(
     return _stream(engine, compiled, ids, limit)
 
 
-def _check_window(engine: Any, ids: Sequence[int], limit: int) -> None:
+def _check_window(engine: Engine, ids: Sequence[int], limit: int) -> None:
     """The prompt plus the answer's token limit against the model's window, before any token is generated.
 
     Raises:
@@ -153,7 +157,7 @@ def _check_window(engine: Any, ids: Sequence[int], limit: int) -> None:
         )
 
 
-def _stream(engine: Any, compiled: Schema, ids: list[int], limit: int) -> Iterator[str | BaselineResult]:
+def _stream(engine: Engine, compiled: Schema, ids: list[int], limit: int) -> Iterator[str | BaselineResult]:
     tokenizer = engine.tokenizer
     eos = tokenizer.eos_ids
     before = engine.backend.forward_passes
@@ -178,7 +182,7 @@ def _stream(engine: Any, compiled: Schema, ids: list[int], limit: int) -> Iterat
     yield _result(compiled, written, len(out), engine.backend.forward_passes - before, ms)
 
 
-def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
+def generate_baseline(engine: Engine, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
     """Let the engine's model write the JSON object greedily after the same prompt pcd uses.
 
     Generation stops at EOS, when the object closes, or at the token limit.
@@ -205,25 +209,32 @@ def generate_baseline(engine: Any, text: str, schema: Any, *, max_new_tokens: in
 _OUTLINES: weakref.WeakKeyDictionary[Any, tuple[Any, dict[str, Any]]] = weakref.WeakKeyDictionary()
 
 
-def outlines_model(engine: Any) -> Any:
+def _torch_backend(engine: Engine) -> TorchBackend:
+    from pcd_engine.backends.torch import TorchBackend
+
+    backend = engine.backend
+    if not isinstance(backend, TorchBackend):
+        raise BackendUnavailableError(
+            f"Outlines baseline: expected the torch backend (outlines drives a transformers model), but the engine "
+            f"runs on {backend.name!r}. Load it with backend='torch'."
+        )
+    return backend
+
+
+def outlines_model(engine: Engine) -> Any:
     """The engine's model wrapped for outlines (cached per engine); call it early to fail before any work.
 
     Raises:
         BackendUnavailableError: If outlines is not installed or the engine is not on the torch backend.
     """
-    backend = engine.backend
-    if backend.name != "torch":
-        raise BackendUnavailableError(
-            f"Outlines baseline: expected the torch backend (outlines drives a transformers model), but the engine "
-            f"runs on {backend.name!r}. Load it with backend='torch'."
-        )
+    backend = _torch_backend(engine)
     (outlines,) = require("outlines", what="Outlines baseline", install="pip install 'pcd[bench]'")
     if engine not in _OUTLINES:
         _OUTLINES[engine] = (outlines.from_transformers(backend.model, backend.tokenizer), {})
     return _OUTLINES[engine][0]
 
 
-def _outlines_processor(engine: Any, compiled: Schema) -> tuple[Any, float]:
+def _outlines_processor(engine: Engine, compiled: Schema) -> tuple[Any, float]:
     wrapped = outlines_model(engine)
     processors = _OUTLINES[engine][1]
     if compiled.fingerprint in processors:
@@ -236,7 +247,7 @@ def _outlines_processor(engine: Any, compiled: Schema) -> tuple[Any, float]:
     return processor, (time.perf_counter() - started) * 1000
 
 
-def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
+def generate_outlines(engine: Engine, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
     """Let the engine's model write the JSON object under outlines' JSON-Schema constraint, greedily.
 
     The constraint is the schema's :meth:`~pcd_engine.schema.Schema.json_schema` compiled by outlines' default
@@ -275,7 +286,7 @@ def generate_outlines(engine: Any, text: str, schema: Any, *, max_new_tokens: in
     ids = ids[:-1] + (engine.tokenizer.encode(trimmed) if trimmed else [])
     limit = max_new_tokens or _default_limit(compiled)
     _check_window(engine, ids, limit)
-    model = engine.backend.model
+    model = _torch_backend(engine).model
     device = next(model.parameters()).device
     processor.reset()
     started = time.perf_counter()
@@ -304,7 +315,7 @@ INVALID = "<invalid>"
 Progress = Callable[[str], None]
 
 
-def ready(engine: Any, against: Sequence[str]) -> None:
+def ready(engine: Engine, against: Sequence[str]) -> None:
     """Fail before any timing when a baseline cannot run on this engine."""
     parse_against(",".join(against))
     if "outlines" in against:

@@ -14,11 +14,14 @@ import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import OptionError
 from pcd_engine.schema import Preset, Schema
 from pcd_engine.tools.baseline import BASELINES, BaselineRun, Progress, median_ms, ready
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
 
 __all__ = ["BenchRow", "bench_presets", "one_wave"]
 
@@ -67,7 +70,7 @@ def one_wave(schema: Schema) -> Schema:
 
 
 def bench_presets(
-    engine: Any,
+    engine: Engine,
     presets: Sequence[tuple[str, Preset]],
     *,
     against: Sequence[str] = ("ar",),
@@ -101,7 +104,7 @@ def bench_presets(
 
 
 def _bench_one(
-    engine: Any, name: str, preset: Preset, against: Sequence[str], repeats: int, tick: Progress
+    engine: Engine, name: str, preset: Preset, against: Sequence[str], repeats: int, tick: Progress
 ) -> BenchRow:
     text, schema = preset.context or "", preset.schema
     flat = one_wave(schema)

@@ -20,17 +20,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pcd_engine.alignment import tail_tokens
 from pcd_engine.compiler import compile_wave, questions
 from pcd_engine.errors import PCDError
 from pcd_engine.generation import compile_rows
 from pcd_engine.planner import plan_passes
-from pcd_engine.prompt import ChatPrompt, tail_tokens
+from pcd_engine.prompt import ChatPrompt
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
+
+if TYPE_CHECKING:
+    from pcd_engine.backends.base import Backend
+    from pcd_engine.engine import Engine
 
 __all__ = ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"]
 
@@ -64,12 +69,12 @@ class Check:
     ms: float
 
 
-def _tolerance(backend: Any) -> float:
+def _tolerance(backend: Backend) -> float:
     """Allowed log-prob difference: tight for fp32 weights, loose for half precision and quantized weights."""
     return 2e-3 if backend.weights_dtype == "float32" else 0.15
 
 
-def _probe(engine: Any) -> dict[str, Any]:
+def _probe(engine: Engine) -> dict[str, Any]:
     """Score the probe's single wave tree-packed, pass by pass, the way the engine does."""
     backend, tv = engine.backend, engine.tokenizer
     schema = compile_schema(PROBE)
@@ -92,7 +97,7 @@ def _probe(engine: Any) -> dict[str, Any]:
     return {"context": ids[:causal_end], "wave": wave, "score": score}
 
 
-def _packed_vs_reference(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+def _packed_vs_reference(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     logprobs, _, passes = probe["score"](100_000)
     wave, context = probe["wave"], probe["context"]
     worst, paths = 0.0, 0
@@ -107,7 +112,7 @@ def _packed_vs_reference(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]
     return ok, f"{paths} paths in {passes} pass(es), max |diff| {worst:.1e} (tolerance {tol:.0e})"
 
 
-def _head_untouched(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+def _head_untouched(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     first, _, _ = probe["score"](100_000)
     again, state, _ = probe["score"](100_000)
     diff = float(np.abs(first - again).max())
@@ -117,7 +122,7 @@ def _head_untouched(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
     return ok, detail + ("" if length_ok else f" (expected {len(probe['context'])})")
 
 
-def _split_passes(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+def _split_passes(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     one, _, _ = probe["score"](100_000)
     split, _, passes = probe["score"](5)
     diff = float(np.abs(one - split).max())
@@ -125,7 +130,7 @@ def _split_passes(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
     return passes > 1 and diff <= tol, f"{passes} passes of <= 5 nodes: max |diff| {diff:.1e}"
 
 
-def _presets_compile(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+def _presets_compile(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     tv = engine.tokenizer
     nodes = 0
     for name in EXAMPLE_PRESETS:
@@ -145,9 +150,9 @@ def _presets_compile(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
     return True, f"{len(EXAMPLE_PRESETS)} presets, {nodes} trie nodes{folded}"
 
 
-def _one_extraction(engine: Any, probe: dict[str, Any]) -> tuple[bool, str]:
+def _one_extraction(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     preset = example_preset("support_triage")
-    out = engine.extract(preset.context, preset.schema)
+    out = engine.extract(preset.context or PROBE_TEXT, preset.schema)
     fields = preset.schema.fields
     grade = preset.schema.grade(out.values)
     if not grade.valid:
@@ -167,7 +172,7 @@ CHECKS: tuple[tuple[str, Callable[[Any, dict[str, Any]], tuple[bool, str]]], ...
 )
 
 
-def run_checks(engine: Any) -> Iterator[Check]:
+def run_checks(engine: Engine) -> Iterator[Check]:
     """Run every check of :data:`CHECKS` on ``engine``'s model, yielding each result as soon as it is known.
 
     A check that raises a :class:`~pcd_engine.errors.PCDError` fails with the error's message; the probe that

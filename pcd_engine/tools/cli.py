@@ -14,7 +14,7 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcd_engine.checks import check_text
 from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError
@@ -32,6 +32,9 @@ from pcd_engine.tools.terminal import (
     versions,
     write_json,
 )
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
 
 __all__ = ["build_parser", "main"]
 
@@ -66,7 +69,7 @@ def _engine(args: argparse.Namespace) -> Any:
     return Engine.load(name, backend=args.backend, device=args.device, dtype=args.dtype)
 
 
-def _describe(engine: Any) -> str:
+def _describe(engine: Engine) -> str:
     backend = engine.backend
     return f"backend {backend.name} ({backend.scorer} scorer), python {platform.python_version()}"
 

@@ -9,12 +9,15 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import OptionError
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.baseline import BASELINES, INVALID, Progress, ready
 from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classification_metrics
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
 
 __all__ = ["EvalReport", "MethodScore", "eval_schema", "evaluate"]
 
@@ -90,7 +93,7 @@ def eval_schema(field: str, labels: Sequence[str], *, description: str | None = 
 
 
 def evaluate(
-    engine: Any,
+    engine: Engine,
     docs: Sequence[LabelledText],
     schema: Schema,
     field: str,
