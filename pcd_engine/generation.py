@@ -310,14 +310,9 @@ def generate_open(
         _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
         for spec, lead in zip(fields, plan.leads, strict=True)
     ]
-    seen: set[int] = set()
 
     def choose(r: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
-        if check is not None and r in seen:  # a row seen again means a new pass has run: a pass boundary
-            seen.clear()
-            check()
-        seen.add(r)
         return _choose(rows[r], logprobs)
 
-    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=choose)
+    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=choose, before_pass=check)
     return [_finish(row, tokenizer, lead) for row, lead in zip(rows, plan.leads, strict=True)]

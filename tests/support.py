@@ -213,13 +213,15 @@ class OracleBackend(Backend):
             out.append(self.lm.logprob(state.ids + chain[::-1], token))
         return np.array(out)
 
-    def generate_rows(self, state, *, causal, prefixes, choose) -> int:
+    def generate_rows(self, state, *, causal, prefixes, choose, before_pass=None) -> int:
         """The obvious row generator: every row's whole context, one step (counted as one pass) at a time."""
         assert isinstance(state, OracleState)
         contexts = [state.ids + list(causal) + list(p) for p in prefixes]
         active = list(range(len(prefixes)))
         before = self.forward_passes
         while active:
+            if before_pass is not None and self.forward_passes > before:
+                before_pass()
             self.forward_passes += 1
             going = []
             for row in active:

@@ -141,3 +141,35 @@ def test_every_option_strategy_has_one_decoder():
     from pcd_engine.options import STRATEGIES
 
     assert [choose_strategy(5, name=name).name for name in STRATEGIES] == list(STRATEGIES)
+
+
+@pytest.mark.parametrize("scorer", ["packed", "rows"])
+def test_generate_rows_calls_before_pass_at_every_pass_boundary(smol_tokenizer, scorer):
+    backend = TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer, scorer=scorer)
+    prefix = backend.prefill([1, 2, 3, 4])
+    steps = [0, 0, 0]
+
+    def choose(row, logprobs):
+        steps[row] += 1
+        return [7], steps[row] >= 4 + row  # rows of 4, 5 and 6 choices
+
+    calls = []
+    passes = backend.generate_rows(
+        backend.start(prefix), causal=[5], prefixes=[[8], [9], [10]], choose=choose, before_pass=lambda: calls.append(1)
+    )
+    assert len(calls) == passes - 1 and passes >= 6
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_third():
+        if backend.forward_passes - before >= 3:
+            raise Stop
+
+    steps[:] = [0, 0, 0]
+    before = backend.forward_passes
+    with pytest.raises(Stop):
+        backend.generate_rows(
+            backend.start(prefix), causal=[5], prefixes=[[8], [9], [10]], choose=choose, before_pass=stop_at_third
+        )
+    assert backend.forward_passes - before == 3  # no pass ran after the hook refused

@@ -312,12 +312,12 @@ class _SlowOracle(OracleBackend):
         time.sleep(self.delay)
         return super().score_tree(state, causal=causal, batch=batch)
 
-    def generate_rows(self, state, *, causal, prefixes, choose):
+    def generate_rows(self, state, *, causal, prefixes, choose, before_pass=None):
         def slow(row, logprobs):
             time.sleep(self.delay / len(prefixes))
             return choose(row, logprobs)
 
-        return super().generate_rows(state, causal=causal, prefixes=prefixes, choose=slow)
+        return super().generate_rows(state, causal=causal, prefixes=prefixes, choose=slow, before_pass=before_pass)
 
 
 LONG = {"properties": {"urgent": {"type": "boolean"}, "story": {"type": "string", "x-max-tokens": 400}}}

@@ -53,6 +53,10 @@ def serialized(method: _F) -> _F:
 Chooser = Callable[[int, np.ndarray], tuple[Sequence[int], bool]]
 
 
+def _nothing() -> None:
+    return None
+
+
 class Prefix(ABC):
     """A prefilled, read-only prompt head. Reused across requests."""
 
@@ -154,7 +158,13 @@ class Backend(ABC):
         """
 
     def generate_rows(
-        self, state: RequestState, *, causal: Sequence[int], prefixes: Sequence[Sequence[int]], choose: Chooser
+        self,
+        state: RequestState,
+        *,
+        causal: Sequence[int],
+        prefixes: Sequence[Sequence[int]],
+        choose: Chooser,
+        before_pass: Callable[[], None] | None = None,
     ) -> int:
         """Append ``causal``, then grow one row per prefix, all rows advancing together one token per pass.
 
@@ -169,6 +179,8 @@ class Backend(ABC):
             causal: Tokens to append causally before the rows; may be empty.
             prefixes: Per row, the non-empty tokens it starts with.
             choose: ``(row, logprobs) -> (tokens, done)``; a done row's tokens are kept but never fed.
+            before_pass: Called before every pass after the first; it may raise to stop the rows (a time limit, a
+                cancelled request), and then no further pass runs.
 
         Returns:
             The number of forward passes run.
@@ -183,12 +195,14 @@ class Backend(ABC):
         before = self.forward_passes
         if rows:
             if self.scorer == "rows":
-                self._rows_generate(state, tokens, rows, choose)
+                self._rows_generate(state, tokens, rows, choose, before_pass or _nothing)
             else:
-                self._packed_generate(state, tokens, rows, choose)
+                self._packed_generate(state, tokens, rows, choose, before_pass or _nothing)
         return self.forward_passes - before
 
-    def _packed_generate(self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
+    def _packed_generate(
+        self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser, before_pass: Callable[[], None]
+    ) -> None:
         """Rows as branches of one growing tree in a fork of the state's cache: every node sees the state, the
         causal block and its ancestors (the same visibility as a scored tree), and stays in the fork."""
         cache = self._fork(state.cache)
@@ -200,6 +214,8 @@ class Backend(ABC):
         active = list(range(len(prefixes)))
         first = True
         while active:
+            if not first:
+                before_pass()
             tree = trie.batch()
             if first:
                 visible, qpos, kpos = tree.visibility(past, len(causal))
@@ -223,16 +239,21 @@ class Backend(ABC):
                 going.append(row)
             active = going
 
-    def _rows_generate(self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
+    def _rows_generate(
+        self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser, before_pass: Callable[[], None]
+    ) -> None:
         """Row broadcast for caches that cannot branch by masking: the state's own cache is extended by the
         causal tokens and repeated over one batch row per prefix; every row feeds one token per pass (its
         prefix first, then its choices, forced tokens one by one), so rows never need padding, which recurrent
         layers could not ignore."""
-        cache = self._rows_start(state, causal, len(prefixes))
+        start = self.forward_passes
+        cache = self._rows_start(state, causal, len(prefixes))  # may run a pass of its own (the causal tokens)
         queues = [list(p) for p in prefixes]
         done = [False] * len(prefixes)
         feed = [q.pop(0) for q in queues]
         while not all(done):
+            if self.forward_passes > start:
+                before_pass()
             logprobs = self._rows_step(cache, feed)
             for row, queue in enumerate(queues):
                 if done[row]:
