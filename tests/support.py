@@ -160,12 +160,14 @@ class OracleLM:
 class OraclePrefix(Prefix):
     def __init__(self, ids: tuple[int, ...]) -> None:
         self.ids = ids
+        self.cache = None  # the oracle scores from the ids alone
         self.length = len(ids)
 
 
 class OracleState(RequestState):
     def __init__(self, ids: list[int]) -> None:
         self.ids = ids
+        self.cache = None
         self.length = len(ids)
 
 

@@ -58,14 +58,30 @@ def _nothing() -> None:
 
 
 class Prefix(ABC):
-    """A prefilled, read-only prompt head. Reused across requests."""
+    """A prefilled, read-only prompt head, reused across requests. What every backend's prefix holds:
 
+    Attributes:
+        ids: The head's token ids.
+        cache: The backend's own KV state of the head (never written to after the prefill).
+        length: How many tokens it holds.
+    """
+
+    ids: tuple[int, ...]
+    cache: Any
     length: int
 
 
 class RequestState(ABC):
-    """One request's view of the model: a prefix plus the causal tokens appended so far."""
+    """One request's view of the model: a prefix plus the causal tokens appended so far.
 
+    Attributes:
+        ids: Every token the state holds (the head's, then the causal ones).
+        cache: The backend's KV state for this request only (a fork of the prefix's).
+        length: How many tokens it holds.
+    """
+
+    ids: list[int]
+    cache: Any
     length: int
 
 
