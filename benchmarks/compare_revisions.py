@@ -92,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         for name in ("before", "after"):
             one, default, floor, ratio = (med(name, preset, k) for k in KEYS)
             print(f"| {preset} | {name} | {one:.1f} | {default:.1f} | {floor:.1f} | {ratio:.2f}x |")
-        changes = [med("after", preset, k) / med("before", preset, k) for k in KEYS]
-        print(f"| {preset} | after/before | {changes[0]:.2f} | {changes[1]:.2f} | {changes[2]:.2f} | {changes[3]:.2f} |")
+        changes = " | ".join(f"{med('after', preset, k) / med('before', preset, k):.2f}" for k in KEYS)
+        print(f"| {preset} | after/before | {changes} |")
     return 0
 
 

@@ -358,8 +358,8 @@ coverage falls, and (when the probability means something) accuracy among the ke
     ),
     (
         "code",
-        """from pcd_engine.tools.eval import eval_schema
-from pcd_engine.tools.datasets import load_dataset
+        """from pcd_engine.tools.datasets import load_dataset
+from pcd_engine.tools.eval import eval_schema
 
 docs = load_dataset("bbc-news", limit=60, seed=7)
 schema = eval_schema("topic", [d.label for d in docs], description="The section of the news site")
