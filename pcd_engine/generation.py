@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from pcd_engine.alignment import align_lines
+from pcd_engine.backends.base import Backend, RequestState
 from pcd_engine.errors import SchemaError, require
 from pcd_engine.lru import LRU
 from pcd_engine.prompt import TokenizerView
@@ -278,8 +279,8 @@ def _finish(row: _Row, tokenizer: TokenizerView, lead: str) -> Generated:
 
 
 def generate_open(
-    backend: Any,
-    state: Any,
+    backend: Backend,
+    state: RequestState,
     *,
     causal: Sequence[int],
     plan: RowPlan,

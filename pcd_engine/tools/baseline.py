@@ -118,8 +118,10 @@ def partial_pairs(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _default_limit(compiled: Schema) -> int:
-    per_field = [12 if f.scored else 12 + (f.max_tokens or 64) for f in compiled.fields]
+def _default_limit(compiled: Schema, engine: Engine) -> int:
+    """The AR answer's default token limit: 12 tokens per closed field, and per open field 12 plus its token limit
+    (the field's own, else the engine's ``max_tokens``, the same limit pcd's open rows get), plus 32."""
+    per_field = [12 if f.scored else 12 + (f.max_tokens or engine.options.max_tokens) for f in compiled.fields]
     return sum(per_field) + 32
 
 
@@ -138,7 +140,7 @@ def stream_baseline(
     """
     compiled = compile_schema(schema)
     ids = engine.prompt_for(text, compiled)
-    limit = max_new_tokens or _default_limit(compiled)
+    limit = max_new_tokens or _default_limit(compiled, engine)
     _check_window(engine, ids, limit)
     return _stream(engine, compiled, ids, limit)
 
@@ -191,7 +193,7 @@ def generate_baseline(engine: Engine, text: str, schema: Any, *, max_new_tokens:
         engine: A loaded :class:`~pcd_engine.engine.Engine`.
         text: The document.
         schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or 64)
+        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or the engine's)
             per open field, plus 32.
 
     Returns:
@@ -260,7 +262,7 @@ def generate_outlines(engine: Engine, text: str, schema: Any, *, max_new_tokens:
         engine: A loaded :class:`~pcd_engine.engine.Engine` on the torch backend.
         text: The document.
         schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or 64)
+        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or the engine's)
             per open field, plus 32.
 
     Returns:
@@ -284,7 +286,7 @@ def generate_outlines(engine: Engine, text: str, schema: Any, *, max_new_tokens:
         )
     trimmed = opening[:-1]
     ids = ids[:-1] + (engine.tokenizer.encode(trimmed) if trimmed else [])
-    limit = max_new_tokens or _default_limit(compiled)
+    limit = max_new_tokens or _default_limit(compiled, engine)
     _check_window(engine, ids, limit)
     model = _torch_backend(engine).model
     device = next(model.parameters()).device
