@@ -15,6 +15,10 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
+from pcd_engine.errors import require
+
+require("langchain_core", what="pcd_integrations.langchain", install="pip install 'pcd[langchain]'")
+
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
@@ -26,9 +30,9 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
-from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, SchemaError, stream_chat
+from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, OptionError, SchemaError, stream_chat
 from pcd_engine.chat import document_text
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
@@ -164,9 +168,27 @@ class ChatPCD(BaseChatModel):
             max_output_tokens=self.max_tokens,
         )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _model_name(cls, data: Any) -> Any:
+        """``model_name`` is another name for ``model``, as in ChatOpenAI (it used to be dropped silently)."""
+        if isinstance(data, dict) and "model_name" in data:
+            data = dict(data)
+            name = data.pop("model_name")
+            if data.get("model") not in (None, name):
+                raise OptionError(f"ChatPCD: model={data['model']!r} and model_name={name!r} name different models.")
+            data["model"] = name
+        return data
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         ExtractOptions.parse(self.options, where="ChatPCD options")  # a bad option fails here, as an OptionError
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The model's own token ids for ``text`` (no network: the tokenizer is the loaded model's)."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return self.get_engine().tokenizer.encode(text)
 
     def get_engine(self) -> Engine:
         """The engine, loaded on first use (shared between chat models of the same model and backend)."""

@@ -14,6 +14,10 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
 from typing import Any
 
+from pcd_engine.errors import require
+
+require("llama_index.core", what="pcd_integrations.llamaindex", install="pip install 'pcd[llamaindex]'")
+
 from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseGen, LLMMetadata
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.extractors import BaseExtractor

@@ -329,3 +329,47 @@ def test_recursive_model_is_a_typed_error_naming_it(llm):
 
     with pytest.raises(SchemaError, match="Field 'thread': expected a non-recursive schema"):
         llm.with_structured_output(Post).invoke(TICKET)
+
+
+def test_model_name_is_honoured_as_the_model():
+    assert ChatPCD(model_name="qwen2.5-1.5b").model == "qwen2.5-1.5b"
+    assert ChatPCD(model="smollm2-135m", model_name="smollm2-135m").model_name == "smollm2-135m"
+    with pytest.raises(ValueError, match="name different models"):
+        ChatPCD(model="smollm2-135m", model_name="qwen2.5-1.5b")
+
+
+def test_token_counts_use_the_models_own_tokenizer(smol_tokenizer):
+    from pcd_engine import Engine
+    from pcd_engine.backends.torch import TorchBackend
+    from tests.support import tiny_model
+
+    engine = Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))
+    llm = ChatPCD(engine=engine)
+    text = "Refund the second charge today, please."
+    ids = smol_tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert llm.get_token_ids(text) == ids
+    assert llm.get_num_tokens(text) == len(ids) > 0
+    assert ChatPCD(engine=engine, custom_get_token_ids=lambda t: [1, 2]).get_num_tokens(text) == 2
+
+
+def test_importing_an_adapter_without_its_extra_names_the_extra():
+    import subprocess
+    import sys
+
+    for module, package, extra in [
+        ("pcd_integrations.langchain", "langchain_core", "pcd[langchain]"),
+        ("pcd_integrations.llamaindex", "llama_index.core", "pcd[llamaindex]"),
+    ]:
+        code = f"import sys; sys.modules[{package!r}] = None; import {module}"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert out.returncode != 0
+        last = out.stderr.strip().splitlines()[-1]
+        assert "BackendUnavailableError" in last and extra in last and package.split(".")[0] in last, last
+
+
+def test_the_adapters_ship_type_information():
+    from pathlib import Path
+
+    import pcd_integrations
+
+    assert (Path(pcd_integrations.__file__).parent / "py.typed").exists()
