@@ -10,8 +10,11 @@ Install with ``pip install "pcd[langchain]"``.
 
 from __future__ import annotations
 
+import difflib
 import json
+import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -32,7 +35,17 @@ from langchain_core.utils.function_calling import convert_to_json_schema, conver
 from langchain_core.utils.pydantic import is_basemodel_subclass
 from pydantic import ConfigDict, Field, model_validator
 
-from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, OptionError, SchemaError, stream_chat
+from pcd_engine import (
+    ChatMessage,
+    Engine,
+    ExtractionResult,
+    ExtractOptions,
+    OptionError,
+    RequestLimits,
+    RequestTimeout,
+    SchemaError,
+    stream_chat,
+)
 from pcd_engine.chat import document_text
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
@@ -124,6 +137,19 @@ class ChatPCD(BaseChatModel):
     """Upper bound on tokens for free-text replies."""
     engine: Any = Field(default=None, exclude=True)
     """A loaded engine to use instead of loading ``model``."""
+    temperature: float | None = None
+    """``0`` or ``None``: greedy free text, the only kind pcd writes. Above 0, structured output reports its
+    probabilities at this temperature (the decisions never change); free text refuses it, since pcd does not
+    sample."""
+    stop: list[str] | None = None
+    """Stop sequences for free text; a call's own ``stop`` wins."""
+    timeout: float | None = None
+    """Seconds one call may take: a structured call stops at the next pass boundary, free text between two
+    tokens, each with :class:`~pcd_engine.RequestTimeout`."""
+    max_retries: int = 0
+    """Accepted for compatibility with hosted chat models: a local call has nothing to retry."""
+    streaming: bool = False
+    """``invoke`` streams free text (callbacks see every token), as LangChain's ``streaming=True`` does."""
     options: dict[str, Any] | None = None
     """Extraction options for every structured call (:class:`~pcd_engine.ExtractOptions` names: ``anchor``,
     ``temperature``, ``strategy``, ``instructions``, ...); ``with_structured_output(..., **options)`` overrides
@@ -149,11 +175,11 @@ class ChatPCD(BaseChatModel):
             ls_provider="pcd",
             ls_model_name=kwargs.get("model", self.model_name),
             ls_model_type="chat",
-            ls_temperature=0.0,
+            ls_temperature=self.temperature or 0.0,
         )
         params["ls_max_tokens"] = kwargs.get("max_tokens", self.max_tokens)
-        if stop:
-            params["ls_stop"] = stop
+        if stop or self.stop:
+            params["ls_stop"] = stop or self.stop
         return params
 
     def _resolve_model_profile(self) -> ModelProfile | None:
@@ -170,15 +196,36 @@ class ChatPCD(BaseChatModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _model_name(cls, data: Any) -> Any:
-        """``model_name`` is another name for ``model``, as in ChatOpenAI (it used to be dropped silently)."""
-        if isinstance(data, dict) and "model_name" in data:
-            data = dict(data)
+    def _settings(cls, data: Any) -> Any:
+        """``model_name`` is another name for ``model`` (as in ChatOpenAI). An unknown argument close to a known
+        one is a typo and refused; any other is dropped with a warning (LangChain's convention, as ChatOpenAI
+        does; it moves them into ``model_kwargs`` for its server, and pcd has no server to send them to)."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        if "model_name" in data:
             name = data.pop("model_name")
             if data.get("model") not in (None, name):
                 raise OptionError(f"ChatPCD: model={data['model']!r} and model_name={name!r} name different models.")
             data["model"] = name
+        for key in [k for k in data if k not in cls.model_fields]:
+            near = difflib.get_close_matches(key, list(cls.model_fields), n=1, cutoff=0.75)
+            if near:
+                raise OptionError(f"ChatPCD: unknown argument {key!r}. Did you mean {near[0]!r}?")
+            message = f"ChatPCD: {key!r} is ignored: pcd runs a local model and has no such setting."
+            warnings.warn(message, UserWarning, stacklevel=4)
+            del data[key]
+        if data.get("max_retries", 0) < 0:
+            raise OptionError(f"ChatPCD: max_retries: expected an integer >= 0, but got {data['max_retries']}.")
+        if data.get("timeout") is not None and not data["timeout"] > 0:
+            raise OptionError(f"ChatPCD: timeout: expected a positive number of seconds, but got {data['timeout']}.")
         return data
+
+    def _setting_options(self) -> ExtractOptions:
+        """``temperature`` and ``timeout`` as extraction options (the ``options`` of the model and call win)."""
+        warm = self.temperature if self.temperature is not None and self.temperature > 0 else None
+        limits = RequestLimits(time_limit_s=self.timeout) if self.timeout else None
+        return ExtractOptions(temperature=warm, limits=limits)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -241,9 +288,17 @@ class ChatPCD(BaseChatModel):
                 )
             )
             return
+        if self.temperature:
+            raise OptionError(
+                f"ChatPCD: temperature={self.temperature} asks for sampled free text, but pcd writes free text "
+                "greedily. Use temperature=0 (or None) for free text; it reshapes structured probabilities only."
+            )
         turns = [ChatMessage(_ROLE.get(m.type, "user"), _text(m)) for m in messages]
         limit = int(kwargs.get("max_tokens", self.max_tokens))
-        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop or ()):
+        started = time.perf_counter()
+        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop or self.stop or ()):
+            if self.timeout and time.perf_counter() - started > self.timeout:
+                raise RequestTimeout(f"ChatPCD: the reply took longer than timeout={self.timeout:g} s.")
             if piece.finish_reason is None:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece.text))
                 if run_manager:
@@ -269,6 +324,7 @@ class ChatPCD(BaseChatModel):
         engine = self.get_engine()
         documents = [_document(c) for c in conversations]
         options = target.options.over(ExtractOptions.parse(self.options, where="ChatPCD options"))
+        options = options.over(self._setting_options())
         try:
             results = engine.extract_many(documents, target.engine_schema, options=options)
         except SchemaError as exc:

@@ -373,3 +373,90 @@ def test_the_adapters_ship_type_information():
     import pcd_integrations
 
     assert (Path(pcd_integrations.__file__).parent / "py.typed").exists()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(smol_tokenizer):
+    from pcd_engine import Engine
+    from pcd_engine.backends.torch import TorchBackend
+    from tests.support import tiny_model
+
+    return Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))
+
+
+def _seen_options(engine, monkeypatch):
+    seen = []
+    real = engine.extract_many
+
+    def spy(texts, schema, options=None, **kwargs):
+        seen.append(engine.resolve(options))
+        return real(texts, schema, options=options, **kwargs)
+
+    monkeypatch.setattr(engine, "extract_many", spy)
+    return seen
+
+
+def test_temperature_reaches_structured_output_and_is_refused_for_free_text(tiny_engine, monkeypatch):
+    seen = _seen_options(tiny_engine, monkeypatch)
+    llm = ChatPCD(engine=tiny_engine, temperature=2.0)
+    llm.with_structured_output(Ticket).invoke(TICKET)
+    assert seen[-1].temperature == 2.0
+    ChatPCD(engine=tiny_engine, temperature=0).with_structured_output(Ticket).invoke(TICKET)
+    assert seen[-1].temperature == 1.0  # 0 is greedy: the engine's default probabilities
+    with pytest.raises(ValueError, match="greedily"):
+        llm.invoke("Hello")
+    assert (
+        ChatPCD(engine=tiny_engine, temperature=2.0, options={"temperature": 0.5})._setting_options().temperature == 2.0
+    )
+    ChatPCD(engine=tiny_engine, temperature=2.0, options={"temperature": 0.5}).with_structured_output(Ticket).invoke(
+        TICKET
+    )
+    assert seen[-1].temperature == 0.5  # the model's options win over the generic setting
+
+
+def test_timeout_bounds_structured_calls_and_free_text(tiny_engine, monkeypatch):
+    from pcd_engine import RequestTimeout
+
+    seen = _seen_options(tiny_engine, monkeypatch)
+    ChatPCD(engine=tiny_engine, timeout=30).with_structured_output(Ticket).invoke(TICKET)
+    assert seen[-1].limits.time_limit_s == 30
+    llm = ChatPCD(engine=tiny_engine, timeout=1e-9, max_tokens=8)
+    with pytest.raises(RequestTimeout, match="timeout"):
+        llm.invoke("Hello")
+    with pytest.raises(ValueError, match="timeout"):
+        ChatPCD(engine=tiny_engine, timeout=0)
+
+
+def test_stop_max_tokens_and_streaming_reach_free_text(tiny_engine):
+    free = ChatPCD(engine=tiny_engine, max_tokens=6)
+    text = free.invoke("Say something").content
+    assert 0 < len(tiny_engine.tokenizer.encode(text)) <= 7
+    stop = text[len(text) // 2 :].strip()[:2] or text[-1]
+    cut = ChatPCD(engine=tiny_engine, max_tokens=6, stop=[stop]).invoke("Say something").content
+    assert stop not in cut and text.startswith(cut)
+    assert ChatPCD(engine=tiny_engine, max_tokens=6, stop=[stop])._get_ls_params()["ls_stop"] == [stop]
+
+    calls = []
+    real = ChatPCD._generate
+
+    def generate(self, *args, **kwargs):
+        calls.append("generate")
+        return real(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChatPCD, "_generate", generate)
+        ChatPCD(engine=tiny_engine, max_tokens=6).invoke("Say something")
+        assert calls == ["generate"]
+        streamed = ChatPCD(engine=tiny_engine, max_tokens=6, streaming=True).invoke("Say something")
+        assert calls == ["generate"] and streamed.content == text  # invoke went through _stream, same reply
+
+
+def test_unknown_arguments_typos_are_refused_and_others_warned(tiny_engine):
+    with pytest.raises(ValueError, match="'temprature'.*Did you mean 'temperature'"):
+        ChatPCD(engine=tiny_engine, temprature=0.5)
+    with pytest.warns(UserWarning, match="'api_key' is ignored"):
+        llm = ChatPCD(engine=tiny_engine, api_key="sk-test")
+    assert not hasattr(llm, "api_key")
+    with pytest.raises(ValueError, match="max_retries"):
+        ChatPCD(engine=tiny_engine, max_retries=-1)
+    assert ChatPCD(engine=tiny_engine, max_retries=3).max_retries == 3
