@@ -11,28 +11,39 @@ Install with ``pip install "pcd[llamaindex]"``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Generator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from pcd_engine.errors import require
 
 require("llama_index.core", what="pcd_integrations.llamaindex", install="pip install 'pcd[llamaindex]'")
 
-from llama_index.core.base.llms.types import CompletionResponse, CompletionResponseGen, LLMMetadata
+from llama_index.core.base.llms.types import ChatMessage as LIChatMessage
+from llama_index.core.base.llms.types import (
+    ChatResponse,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+)
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.extractors import BaseExtractor
-from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel
 
-from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, stream_chat
+from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, OptionError, stream_chat
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
 
 __all__ = ["PCDLLM", "PCDMetadataExtractor", "PCDPydanticProgram"]
+
+# LlamaIndex roles as pcd chat turns: tool results and function outputs are read as user turns.
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "chatbot": "assistant"}
 
 PROBABILITY_PREFIX = "pcd_probability_"
 """Metadata key prefix of per-field probabilities stored by :class:`PCDMetadataExtractor`."""
@@ -59,6 +70,7 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         engine: A loaded engine.
         options: Extraction options for every call (:class:`~pcd_engine.ExtractOptions`, or a mapping of its
             names); ``llm_kwargs`` of a call override them.
+        verbose: Print each call's values with their probabilities.
 
     Raises:
         OptionError: If an option is unknown or out of range.
@@ -71,11 +83,13 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         engine: Engine,
         *,
         options: ExtractOptions | Mapping[str, Any] | None = None,
+        verbose: bool = False,
     ) -> None:
         self._output_cls = output_cls
         self._prompt = prompt
         self._engine = engine
         self.options = ExtractOptions.parse(options, where="PCDPydanticProgram options")
+        self.verbose = verbose
         self.last_result: ExtractionResult | None = None
 
     @classmethod
@@ -87,12 +101,14 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         llm: PCDLLM | None = None,
         engine: Engine | None = None,
         options: ExtractOptions | Mapping[str, Any] | None = None,
+        verbose: bool = False,
         **kwargs: Any,
     ) -> PCDPydanticProgram:
         """Build a program from exactly one prompt form, and an engine (or a :class:`PCDLLM`, or the default).
 
         Extraction options come from ``options`` and, by name, from ``kwargs``; a :class:`PCDLLM`'s own options
-        are the base they override.
+        are the base they override. ``verbose`` prints each call's values with their probabilities, as LlamaIndex's
+        own programs print what they produced.
 
         Raises:
             OptionError: If an option is unknown or out of range (a ``ValueError``).
@@ -114,7 +130,8 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         chosen = engine or (llm.get_engine() if llm is not None else shared_engine(None, "auto"))
         if llm is not None:
             given = given.over(llm.extract_options)
-        return cls(output_cls, prompt or PromptTemplate(str(prompt_template_str)), chosen, options=given)
+        template = prompt or PromptTemplate(str(prompt_template_str))
+        return cls(output_cls, template, chosen, options=given, verbose=verbose)
 
     @property
     def output_cls(self) -> type[BaseModel]:
@@ -134,6 +151,12 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
         result = self._engine.extract(_prompt_text(self._prompt, **kwargs), self._output_cls, options)
         self.last_result = result
+        if self.verbose:
+            shown = ", ".join(
+                f"{n}={f.value!r}" + (f" ({f.probability:.2f})" if f.probability is not None else "")
+                for n, f in result.fields.items()
+            )
+            print(f"> {self._output_cls.__name__}: {shown}")  # noqa: T201 - what verbose asks for
         return result.model
 
     async def acall(self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> BaseModel:
@@ -194,9 +217,35 @@ class PCDLLM(CustomLLM):
         return LLMMetadata(
             context_window=window,
             num_output=self.max_tokens,
-            is_chat_model=False,
+            is_chat_model=True,
             model_name=self.model or DEFAULT_MODEL,
         )
+
+    def _chat_pieces(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> Iterator[tuple[str, str]]:
+        """``(text so far, delta)`` of the reply to ``messages``, written with the model's own chat template."""
+        turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), m.content or "") for m in messages]
+        limit = int(kwargs.get("max_tokens", self.max_tokens))
+        text = ""
+        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=kwargs.get("stop") or ()):
+            if piece.text:
+                text += piece.text
+                yield text, piece.text
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse:
+        """Reply to ``messages``: roles reach the model through its chat template (system, user, assistant)."""
+        text = "".join(delta for _text, delta in self._chat_pieces(messages, **kwargs))
+        return ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponseGen:
+        """:meth:`chat`, one token at a time."""
+
+        def gen() -> ChatResponseGen:
+            for text, delta in self._chat_pieces(messages, **kwargs):
+                yield ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
+
+        return gen()
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
@@ -253,19 +302,35 @@ class PCDMetadataExtractor(BaseExtractor):
 
     Each node gets one metadata dict in node order, with enum values (not Enum members). With
     ``store_probabilities`` each scored field's probability is stored too, under ``"pcd_probability_<field>"``
-    (generated fields have none). A node with no text gets an empty dict (it is skipped, not sent to the
-    engine).
+    (generated fields have none); those keys are kept out of the text the embedding model and the LLM see. A
+    node with no text gets an empty dict (it is skipped, not sent to the engine).
+
+    The engine is, in order: ``engine=``, the engine of ``llm=`` (a :class:`PCDLLM`, whose options are the base
+    of ``options``), or the shared engine of ``model`` on ``backend``.
     """
 
     output_cls: Any = Field(description="The Pydantic model whose fields are the tags.")
     batch_size: int = Field(default=16, gt=0, description="Nodes per engine call.")
     store_probabilities: bool = Field(default=False, description="Also store each field's probability.")
     options: dict[str, Any] | None = Field(default=None, description="Extraction options (ExtractOptions names).")
+    model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
+    backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
     _engine: Engine | None = PrivateAttr(default=None)
+    _base_options: ExtractOptions = PrivateAttr(default_factory=ExtractOptions)
 
-    def __init__(self, output_cls: type[BaseModel], *, engine: Engine | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, output_cls: type[BaseModel], *, engine: Engine | None = None, llm: Any = None, **kwargs: Any
+    ) -> None:
         super().__init__(output_cls=output_cls, **kwargs)
-        self._engine = engine
+        if llm is not None and not isinstance(llm, PCDLLM):
+            raise OptionError(
+                f"PCDMetadataExtractor: expected llm to be a PCDLLM (pcd decides with its own engine), but got "
+                f"{type(llm).__name__}. Pass PCDLLM(model=...) or model=..."
+            )
+        if llm is not None and (engine is not None or self.model is not None):
+            raise OptionError("PCDMetadataExtractor: expected one of engine, llm or model, but got several.")
+        self._engine = engine or (llm.get_engine() if llm is not None else None)
+        self._base_options = llm.extract_options if llm is not None else ExtractOptions()
         ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")  # fails here, as an OptionError
 
     @classmethod
@@ -274,7 +339,7 @@ class PCDMetadataExtractor(BaseExtractor):
 
     def _get_engine(self) -> Engine:
         if self._engine is None:
-            self._engine = shared_engine(None, "auto")
+            self._engine = shared_engine(self.model, self.backend)
         return self._engine
 
     def _tags(self, result: ExtractionResult) -> dict[str, Any]:
@@ -287,7 +352,7 @@ class PCDMetadataExtractor(BaseExtractor):
     def extract_batches(self, nodes: Sequence[BaseNode]) -> list[dict[str, Any]]:
         """One metadata dict per node, in order, from one engine call per ``batch_size`` nodes."""
         engine = self._get_engine()
-        options = ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")
+        options = ExtractOptions.parse(self.options, where="PCDMetadataExtractor options").over(self._base_options)
         texts = [n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
         # Nodes with no text are skipped (an empty dict), so one blank chunk never stops a whole ingestion.
         todo = [i for i, t in enumerate(texts) if t.strip()]
@@ -297,6 +362,21 @@ class PCDMetadataExtractor(BaseExtractor):
             results = engine.extract_many([texts[i] for i in chunk], self.output_cls, options=options)
             for i, result in zip(chunk, results, strict=True):
                 out[i] = self._tags(result)
+        return out
+
+    async def aprocess_nodes(
+        self,
+        nodes: Sequence[BaseNode],
+        excluded_embed_metadata_keys: list[str] | None = None,
+        excluded_llm_metadata_keys: list[str] | None = None,
+        **kwargs: Any,
+    ) -> list[BaseNode]:
+        """Tag the nodes (see :class:`BaseExtractor`); stored probabilities stay out of embed and LLM text."""
+        out = await super().aprocess_nodes(nodes, excluded_embed_metadata_keys, excluded_llm_metadata_keys, **kwargs)
+        for node in out:
+            hidden = [k for k in node.metadata if k.startswith(PROBABILITY_PREFIX)]
+            for excluded in (node.excluded_embed_metadata_keys, node.excluded_llm_metadata_keys):
+                excluded.extend(k for k in hidden if k not in excluded)
         return out
 
     async def aextract(self, nodes: Sequence[BaseNode]) -> list[dict]:

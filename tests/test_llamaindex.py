@@ -196,3 +196,73 @@ def test_extractor_tags_with_generated_text(default_engine):
     assert isinstance(tags["headline"], str) and len(tags["headline"]) <= 40
     assert "pcd_probability_topic" in tags and "pcd_probability_headline" not in tags
     assert Tagged(**{k: v for k, v in tags.items() if not k.startswith("pcd_")})
+
+
+def test_chat_keeps_roles_through_the_chat_template(llm, default_engine, monkeypatch):
+    import pcd_integrations.llamaindex as adapter
+    from pcd_engine import ChatMessage as Turn
+    from pcd_engine import stream_chat
+
+    assert llm.metadata.is_chat_model
+    seen = []
+
+    def spy(engine, turns, **kwargs):
+        seen.append(list(turns))
+        return stream_chat(engine, turns, **kwargs)
+
+    monkeypatch.setattr(adapter, "stream_chat", spy)
+    messages = [ChatMessage(role="system", content="Answer in one word."), ChatMessage(role="user", content="Hi!")]
+    reply = llm.chat(messages, max_tokens=6)
+    assert seen[-1] == [Turn("system", "Answer in one word."), Turn("user", "Hi!")]
+    direct = "".join(p.text for p in stream_chat(default_engine, seen[-1], max_new_tokens=6))
+    assert reply.message.role.value == "assistant" and reply.message.content == direct
+    streamed = list(llm.stream_chat(messages, max_tokens=6))
+    assert streamed[-1].message.content == direct and "".join(r.delta for r in streamed) == direct
+
+
+def test_program_from_defaults_accepts_verbose(default_engine, capsys):
+    program = PCDPydanticProgram.from_defaults(Tags, prompt=PROMPT, engine=default_engine, verbose=True)
+    out = program(text=SPORT_TEXT)
+    printed = capsys.readouterr().out
+    assert printed.startswith("> Tags: topic=") and f"{out.tone!r}"[1:-1] in printed
+    quiet = PCDPydanticProgram.from_defaults(Tags, prompt=PROMPT, engine=default_engine)
+    quiet(text=SPORT_TEXT)
+    assert capsys.readouterr().out == ""
+
+
+def test_extractor_probabilities_stay_out_of_embed_and_llm_text(default_engine):
+    from llama_index.core.schema import MetadataMode
+
+    extractor = PCDMetadataExtractor(Tags, engine=default_engine, store_probabilities=True)
+    (node,) = extractor.process_nodes([TextNode(text=SPORT_TEXT)])
+    assert any(k.startswith("pcd_probability_") for k in node.metadata)
+    for mode in (MetadataMode.EMBED, MetadataMode.LLM):
+        shown = node.get_content(metadata_mode=mode)
+        assert "pcd_probability_" not in shown and "topic" in shown
+
+
+def test_extractor_takes_its_engine_from_llm_or_model(default_engine, monkeypatch):
+    import pcd_integrations.llamaindex as adapter
+
+    seen = []
+    real = default_engine.extract_many
+
+    def spy(texts, schema, options=None, **kwargs):
+        seen.append(default_engine.resolve(options))
+        return real(texts, schema, options=options, **kwargs)
+
+    monkeypatch.setattr(default_engine, "extract_many", spy)
+    llm = PCDLLM(engine=default_engine, options={"anchor": False, "temperature": 2.0})
+    extractor = PCDMetadataExtractor(Tags, llm=llm, options={"temperature": 0.5})
+    extractor.extract_batches([TextNode(text=SPORT_TEXT)])
+    assert (seen[-1].anchor, seen[-1].temperature) == (False, 0.5)  # the llm's options are the base
+    loaded = []
+    monkeypatch.setattr(
+        adapter, "shared_engine", lambda model, backend: loaded.append((model, backend)) or default_engine
+    )
+    PCDMetadataExtractor(Tags, model="smollm2-135m", backend="torch").extract_batches([TextNode(text=SPORT_TEXT)])
+    assert loaded == [("smollm2-135m", "torch")]
+    with pytest.raises(ValueError, match="expected llm to be a PCDLLM"):
+        PCDMetadataExtractor(Tags, llm=object())
+    with pytest.raises(ValueError, match="one of engine, llm or model"):
+        PCDMetadataExtractor(Tags, llm=llm, model="smollm2-135m")
