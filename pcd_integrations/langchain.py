@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import threading
 import time
 import uuid
 import warnings
@@ -47,6 +48,8 @@ from pcd_engine import (
     stream_chat,
 )
 from pcd_engine.chat import document_text
+from pcd_engine.checks import check_text
+from pcd_engine.errors import ContextError
 from pcd_engine.models import DEFAULT_MODEL
 from pcd_integrations._shared import shared_engine
 
@@ -105,6 +108,24 @@ class _Target:
             raise SchemaError(error)
         values = json.loads(_text(message))
         return self.schema(**values) if self.pydantic else values
+
+
+class _SharedBatch:
+    """The answers of one structured batch, decided by ONE engine call on the first run that asks (the other runs
+    wait for it), then handed to each run by its conversation."""
+
+    def __init__(self, llm: ChatPCD, conversations: Sequence[Sequence[BaseMessage]], target: _Target) -> None:
+        self._llm, self._conversations, self._target = llm, conversations, target
+        self._answers: dict[tuple[tuple[str, str], ...], ChatResult | Exception] | None = None
+        self._lock = threading.Lock()
+
+    def answer(self, messages: Sequence[BaseMessage]) -> ChatResult | Exception:
+        with self._lock:
+            if self._answers is None:
+                decided = self._llm._structured(self._conversations, self._target)
+                self._answers = {_key(c): a for c, a in zip(self._conversations, decided, strict=True)}
+        hit = self._answers.get(_key(messages))
+        return hit if hit is not None else self._llm._structured([messages], self._target)[0]
 
 
 def _metadata(result: ExtractionResult) -> dict[str, Any]:
@@ -253,10 +274,12 @@ class ChatPCD(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         target = kwargs.pop("pcd_schema", None)
-        precomputed = kwargs.pop("pcd_precomputed", None) or {}
+        shared: _SharedBatch | None = kwargs.pop("pcd_batch", None)
         if target is not None:
-            hit = precomputed.get(_key(messages))
-            return hit if hit is not None else self._structured([messages], target)[0]
+            answer = shared.answer(messages) if shared is not None else self._structured([messages], target)[0]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
         text = ""
         last: AIMessageChunk | None = None
         for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
@@ -278,7 +301,10 @@ class ChatPCD(BaseChatModel):
     ) -> Iterator[ChatGenerationChunk]:
         target = kwargs.pop("pcd_schema", None)
         if target is not None:
-            message = self._structured([messages], target)[0].generations[0].message
+            answer = self._structured([messages], target)[0]
+            if isinstance(answer, Exception):
+                raise answer
+            message = answer.generations[0].message
             yield ChatGenerationChunk(
                 message=AIMessageChunk(
                     content=message.content,
@@ -319,35 +345,49 @@ class ChatPCD(BaseChatModel):
 
     # ------------------------------------------------------------------------------------------ structured
 
-    def _structured(self, conversations: Sequence[Sequence[BaseMessage]], target: _Target) -> list[ChatResult]:
-        """Decide ``target`` for every conversation with ONE engine call."""
+    def _structured(
+        self, conversations: Sequence[Sequence[BaseMessage]], target: _Target
+    ) -> list[ChatResult | Exception]:
+        """Decide ``target`` for every conversation with ONE engine call; a conversation the engine cannot read
+        (no text) gets its own error and never fails the others."""
         engine = self.get_engine()
         documents = [_document(c) for c in conversations]
         options = target.options.over(ExtractOptions.parse(self.options, where="ChatPCD options"))
         options = options.over(self._setting_options())
+        errors: dict[int, Exception] = {}
+        for i, document in enumerate(documents):
+            try:
+                check_text(document, where=f"input {i}")
+            except ContextError as exc:
+                errors[i] = exc
+        readable = [i for i in range(len(documents)) if i not in errors]
         try:
-            results = engine.extract_many(documents, target.engine_schema, options=options)
+            results = engine.extract_many([documents[i] for i in readable], target.engine_schema, options=options)
         except SchemaError as exc:
             failed = AIMessage(content="", response_metadata={"pcd_error": str(exc), "model_name": self.model_name})
             return [ChatResult(generations=[ChatGeneration(message=failed)]) for _ in documents]
-        out = []
-        for result in results:
-            values = {k: getattr(v, "value", v) for k, v in result.values.items()}
-            calls = []
-            if target.tool is not None:
-                calls = [tool_call(name=target.tool, args=values, id=f"call_{uuid.uuid4().hex}")]
-            message = AIMessage(
-                content="" if calls else json.dumps(values, ensure_ascii=False),
-                tool_calls=calls,
-                response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": _metadata(result)},
-                usage_metadata={
-                    "input_tokens": result.stats.prompt_tokens,
-                    "output_tokens": result.stats.generated_tokens,
-                    "total_tokens": result.stats.prompt_tokens + result.stats.generated_tokens,
-                },
-            )
-            out.append(ChatResult(generations=[ChatGeneration(message=message)]))
+        out: list[ChatResult | Exception] = [errors.get(i) or ContextError("") for i in range(len(documents))]
+        for i, result in zip(readable, results, strict=True):
+            out[i] = self._message(result, target)
         return out
+
+    def _message(self, result: ExtractionResult, target: _Target) -> ChatResult:
+        """One decided conversation as a chat result (a tool call when the target is a tool)."""
+        values = {k: getattr(v, "value", v) for k, v in result.values.items()}
+        calls = []
+        if target.tool is not None:
+            calls = [tool_call(name=target.tool, args=values, id=f"call_{uuid.uuid4().hex}")]
+        message = AIMessage(
+            content="" if calls else json.dumps(values, ensure_ascii=False),
+            tool_calls=calls,
+            response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": _metadata(result)},
+            usage_metadata={
+                "input_tokens": result.stats.prompt_tokens,
+                "output_tokens": result.stats.generated_tokens,
+                "total_tokens": result.stats.prompt_tokens + result.stats.generated_tokens,
+            },
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     def batch(
         self,
@@ -357,26 +397,16 @@ class ChatPCD(BaseChatModel):
         return_exceptions: bool = False,
         **kwargs: Any,
     ) -> list[BaseMessage]:
-        """Structured batches are ONE engine call (through :meth:`generate`, so callbacks see every input);
-        free-text batches run one input at a time like any chat model."""
+        """A structured batch is decided in ONE engine call, with the Runnable semantics of any batch: each input
+        runs with its own config (callbacks, tags, metadata), the engine call happens inside the runs (so traced
+        durations are real), and an input the engine cannot read fails alone (``return_exceptions`` returns its
+        error in its place). Free-text batches run one input at a time like any chat model."""
         target = kwargs.get("pcd_schema")
         if target is None or not inputs:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         conversations = [self._convert_input(i).to_messages() for i in inputs]
-        first = config[0] if isinstance(config, list) and config else config
-        answers = self._structured(conversations, target)
-        precomputed = {_key(c): r for c, r in zip(conversations, answers, strict=True)}
-        base = dict(first or {})
-        result = self.generate(
-            conversations,
-            callbacks=base.get("callbacks"),
-            tags=base.get("tags"),
-            metadata=base.get("metadata"),
-            run_name=base.get("run_name"),
-            pcd_precomputed=precomputed,
-            **kwargs,
-        )
-        return [gens[0].message for gens in result.generations]  # type: ignore[attr-defined]
+        shared = _SharedBatch(self, conversations, target)
+        return super().batch(inputs, config, return_exceptions=return_exceptions, pcd_batch=shared, **kwargs)
 
     async def abatch(
         self,

@@ -460,3 +460,53 @@ def test_unknown_arguments_typos_are_refused_and_others_warned(tiny_engine):
     with pytest.raises(ValueError, match="max_retries"):
         ChatPCD(engine=tiny_engine, max_retries=-1)
     assert ChatPCD(engine=tiny_engine, max_retries=3).max_retries == 3
+
+
+def test_structured_batch_keeps_runnable_semantics(tiny_engine, monkeypatch):
+    """Per-input configs reach the callbacks, the engine call happens inside the runs, one blank input fails
+    alone, and return_exceptions returns its error in its place; still one engine call."""
+    import time
+
+    from langchain_core.callbacks import BaseCallbackHandler
+
+    from pcd_engine import ContextError
+
+    calls = []
+    real = tiny_engine.extract_many
+
+    def slow(texts, schema, **kwargs):
+        calls.append(len(list(texts)))
+        time.sleep(0.2)
+        return real(texts, schema, **kwargs)
+
+    monkeypatch.setattr(tiny_engine, "extract_many", slow)
+
+    class Runs(BaseCallbackHandler):
+        def __init__(self):
+            self.started, self.ended = {}, {}
+
+        def on_chat_model_start(self, serialized, messages, *, run_id, tags=None, metadata=None, **kwargs):
+            self.started[run_id] = (time.perf_counter(), tuple(tags or ()), dict(metadata or {}))
+
+        def on_llm_end(self, response, *, run_id, **kwargs):
+            self.ended[run_id] = time.perf_counter()
+
+    runs = Runs()
+    runnable = ChatPCD(engine=tiny_engine).with_structured_output(Ticket)
+    inputs = [TICKET, "   ", "Where is my parcel?"]
+    configs = [{"callbacks": [runs], "tags": [f"doc-{i}"], "metadata": {"i": i}} for i in range(3)]
+    outs = runnable.batch(inputs, configs, return_exceptions=True)
+    assert calls == [2]  # one engine call for the two readable inputs
+    assert isinstance(outs[0], Ticket) and isinstance(outs[2], Ticket)
+    assert isinstance(outs[1], ContextError) and "input 1" in str(outs[1])
+    assert outs[0] == runnable.invoke(TICKET)
+    assert sorted(t for _, tags, _ in runs.started.values() for t in tags if t.startswith("doc-")) == [
+        "doc-0",
+        "doc-1",
+        "doc-2",
+    ]
+    assert sorted(m["i"] for _, _, m in runs.started.values()) == [0, 1, 2]
+    durations = [runs.ended[r] - runs.started[r][0] for r in runs.ended]
+    assert len(durations) == 2 and max(durations) >= 0.2  # the engine call ran inside the runs
+    with pytest.raises(ContextError, match="input 1"):
+        runnable.batch(inputs, configs)
