@@ -178,6 +178,17 @@ class ChatPCD(BaseChatModel):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """A ChatPCD built from a model name round-trips through ``dumps`` / ``loads`` (a loaded ``engine`` is not
+        serialized; the loaded copy loads its model by name)."""
+        return True
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        """``["pcd_integrations", "langchain"]``: pass ``valid_namespaces=["pcd_integrations"]`` to ``loads``."""
+        return ["pcd_integrations", "langchain"]
+
     @property
     def _llm_type(self) -> str:
         return "pcd"

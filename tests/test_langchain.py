@@ -77,7 +77,14 @@ class PCDCapabilities:
 
 
 class TestChatPCDStandardUnit(PCDCapabilities, ChatModelUnitTests):
-    pass
+    @pytest.mark.xfail(
+        strict=True,
+        reason="langchain-core's load(allowed_objects='all') admits only the classes of its own mapping, so no "
+        "third-party chat model can pass; ChatPCD round-trips with allowed_objects=[ChatPCD] "
+        "(test_dumps_and_loads_round_trip)",
+    )
+    def test_serdes(self, model, snapshot):
+        super().test_serdes(model, snapshot)
 
 
 @pytest.fixture(scope="module")
@@ -510,3 +517,14 @@ def test_structured_batch_keeps_runnable_semantics(tiny_engine, monkeypatch):
     assert len(durations) == 2 and max(durations) >= 0.2  # the engine call ran inside the runs
     with pytest.raises(ContextError, match="input 1"):
         runnable.batch(inputs, configs)
+
+
+def test_dumps_and_loads_round_trip():
+    from langchain_core.load import dumps, loads
+
+    llm = ChatPCD(model="smollm2-135m", options={"anchor": False}, temperature=0.5, stop=["\n"], timeout=30)
+    text = dumps(llm)
+    assert '"not_implemented"' not in text and '"id": ["pcd_integrations", "langchain", "ChatPCD"]' in text
+    back = loads(text, valid_namespaces=["pcd_integrations"], allowed_objects=[ChatPCD])
+    assert isinstance(back, ChatPCD) and back.model_dump() == llm.model_dump()
+    assert back.engine is None  # a loaded engine is never serialized; the copy loads its model by name
