@@ -27,7 +27,7 @@ from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.language_models.model_profile import ModelProfile
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 from langchain_core.messages.tool import tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableMap, RunnablePassthrough
@@ -47,6 +47,7 @@ from pcd_engine import (
     SchemaError,
     stream_chat,
 )
+from pcd_engine.calls import Tool, decide_tools
 from pcd_engine.chat import document_text
 from pcd_engine.checks import check_text
 from pcd_engine.errors import ContextError
@@ -66,9 +67,19 @@ def _text(message: BaseMessage) -> str:
     return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, (str, dict)))
 
 
+def _turn_text(message: BaseMessage) -> str:
+    """A turn as the decision reads it: tool calls and tool results are labelled, so the model sees what was
+    called and what came back."""
+    if isinstance(message, ToolMessage):
+        return f"Tool result ({message.name or message.tool_call_id}): {_text(message)}"
+    calls = getattr(message, "tool_calls", None) or []
+    made = "; ".join(f"Called {c['name']}({json.dumps(c['args'], ensure_ascii=False)})" for c in calls)
+    return "\n".join(t for t in (_text(message), made) if t)
+
+
 def _document(messages: Sequence[BaseMessage]) -> str:
     """The text pcd classifies: every turn's text, in order (instructions in system turns included)."""
-    return document_text([_text(m) for m in messages])
+    return document_text([_turn_text(m) for m in messages])
 
 
 def _is_typeddict(schema: Any) -> bool:
@@ -108,6 +119,13 @@ class _Target:
             raise SchemaError(error)
         values = json.loads(_text(message))
         return self.schema(**values) if self.pydantic else values
+
+
+class _Tools:
+    """What ``bind_tools`` was given: the tools, the choice, and the answer's schema when the model answers."""
+
+    def __init__(self, tools: list[Tool], choice: str, parallel: bool, response: _Target | None) -> None:
+        self.tools, self.choice, self.parallel, self.response = tools, choice, parallel, response
 
 
 class _SharedBatch:
@@ -221,7 +239,7 @@ class ChatPCD(BaseChatModel):
             text_inputs=True,
             text_outputs=True,
             structured_output=True,
-            tool_calling=False,
+            tool_calling=True,
             tool_choice=True,
             max_output_tokens=self.max_tokens,
         )
@@ -284,6 +302,13 @@ class ChatPCD(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        tools: _Tools | None = kwargs.pop("pcd_tools", None)
+        if tools is not None:
+            decided = self._tool_reply(messages, tools)
+            if decided is not None:
+                return decided
+            if tools.response is not None:
+                kwargs["pcd_schema"] = tools.response
         target = kwargs.pop("pcd_schema", None)
         shared: _SharedBatch | None = kwargs.pop("pcd_batch", None)
         if target is not None:
@@ -310,6 +335,31 @@ class ChatPCD(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        tools: _Tools | None = kwargs.pop("pcd_tools", None)
+        if tools is not None:
+            decided = self._tool_reply(messages, tools)
+            if decided is not None:
+                message = decided.generations[0].message
+                yield ChatGenerationChunk(
+                    message=AIMessageChunk(
+                        content="",
+                        tool_call_chunks=[
+                            {
+                                "name": c["name"],
+                                "args": json.dumps(c["args"]),
+                                "id": c["id"],
+                                "index": i,
+                                "type": "tool_call_chunk",
+                            }
+                            for i, c in enumerate(getattr(message, "tool_calls", []))
+                        ],
+                        response_metadata=message.response_metadata,
+                        chunk_position="last",
+                    )
+                )
+                return
+            if tools.response is not None:
+                kwargs["pcd_schema"] = tools.response
         target = kwargs.pop("pcd_schema", None)
         if target is not None:
             answer = self._structured([messages], target)[0]
@@ -355,6 +405,31 @@ class ChatPCD(BaseChatModel):
                 )
 
     # ------------------------------------------------------------------------------------------ structured
+
+    def _tool_reply(self, messages: Sequence[BaseMessage], tools: _Tools) -> ChatResult | None:
+        """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
+        options = ExtractOptions.parse(self.options, where="ChatPCD options").over(self._setting_options())
+        decision = decide_tools(
+            self.get_engine(), _document(messages), tools.tools, choice=tools.choice, parallel=tools.parallel,
+            options=options,
+        )  # fmt: skip
+        if decision.answer:
+            return None
+        calls = [tool_call(name=c.name, args=c.arguments, id=f"call_{uuid.uuid4().hex}") for c in decision.calls]
+        choice = decision.choice
+        evidence = {
+            "tool_choice": None
+            if choice is None
+            else {"value": choice.value, "probability": choice.probability,
+                  "alternatives": [[a.value, a.probability] for a in choice.alternatives]},
+            "arguments": {c.name: _metadata(c.result) for c in decision.calls if c.result is not None},
+        }  # fmt: skip
+        message = AIMessage(
+            content="",
+            tool_calls=calls,
+            response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": evidence},
+        )
+        return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _structured(
         self, conversations: Sequence[Sequence[BaseMessage]], target: _Target
@@ -441,46 +516,55 @@ class ChatPCD(BaseChatModel):
         tool_choice: str | dict[str, Any] | bool | None = None,
         response_format: dict[str, Any] | type | None = None,
         strict: bool | None = None,
+        parallel_tool_calls: bool | None = None,
         **kwargs: Any,
     ) -> Runnable[LanguageModelInput, AIMessage]:
-        """Bind tools the way agents do, for the cases pcd can decide.
+        """Bind tools: which one to call is a decision the engine scores, then its arguments are filled.
 
-        pcd does not choose *whether* to call a tool, so tools are supported when the call is forced: a
-        ``tool_choice`` naming one tool (or ``"any"`` / ``"required"`` / ``True`` with exactly one tool). The
-        engine then fills that tool's arguments and the reply carries one tool call (``ToolStrategy``). A
-        ``response_format`` (OpenAI ``json_schema`` dict or a schema) makes the reply's content the JSON object
-        (``ProviderStrategy``). With neither, the model is bound as is and answers in free text.
+        Args:
+            tools: LangChain tools, functions, Pydantic models or OpenAI tool dicts.
+            tool_choice: ``None`` / ``"auto"`` (a tool, or answer), ``"any"`` / ``"required"`` / ``True`` (some
+                tool), ``"none"`` / ``False`` (answer), or one tool's name (or ``{"function": {"name": ...}}``).
+            response_format: The answer's schema when the model answers (an OpenAI ``json_schema`` dict or a
+                schema); without it the answer is free text.
+            strict: Accepted for compatibility: arguments always validate against their schema.
+            parallel_tool_calls: Let the model call several tools at once (each tool called or not).
+            **kwargs: Bound to the model as usual.
+
+        Returns:
+            The model with the tools bound. Its reply carries ``tool_calls`` (with ids) and the choice's
+            probabilities in ``response_metadata["pcd"]``, or the answer.
 
         Raises:
-            ValueError: If tools are given without a forced choice, or the choice names no given tool.
+            ValueError: If ``tool_choice`` names no given tool.
         """
-        specs = [convert_to_openai_tool(t, strict=strict) for t in tools]
+        specs = [convert_to_openai_tool(t, strict=strict)["function"] for t in tools]
         bound: dict[str, Any] = dict(kwargs)
+        response = None
         if response_format is not None:
             schema = response_format
             if isinstance(schema, dict) and schema.get("type") == "json_schema":
                 schema = dict(schema["json_schema"]["schema"], title=schema["json_schema"].get("name", "Response"))
-            bound["pcd_schema"] = _Target(schema)
-        if specs and tool_choice not in (None, False, "none", "auto"):
-            names = [spec["function"]["name"] for spec in specs]
-            if isinstance(tool_choice, dict):
-                wanted = tool_choice.get("function", {}).get("name") or tool_choice.get("name")
-            elif tool_choice in ("any", "required", True):
-                wanted = names[0] if len(names) == 1 else None
-            else:
-                wanted = str(tool_choice)
-            if wanted not in names:
-                raise ValueError(
-                    f"bind_tools: pcd fills a forced tool call, so it expected tool_choice to name one of {names} "
-                    f"(or 'any' with a single tool), but got {tool_choice!r}."
-                )
-            spec = specs[names.index(wanted)]["function"]
-            bound["pcd_schema"] = _Target(dict(spec["parameters"], title=wanted), tool=wanted)
-        elif specs and response_format is None:
-            raise ValueError(
-                "bind_tools: pcd cannot decide whether to call a tool; force one with tool_choice (a tool name, or "
-                "'any' with a single tool), or use with_structured_output."
-            )
+            response = _Target(schema)
+            bound["pcd_schema"] = response
+        if not specs:
+            return self.bind(**bound)
+        names = [spec["name"] for spec in specs]
+        if isinstance(tool_choice, dict):
+            choice = str(tool_choice.get("function", {}).get("name") or tool_choice.get("name"))
+        elif tool_choice is True or tool_choice in ("any", "required"):
+            choice = "required"
+        elif tool_choice in (None, "auto"):
+            choice = "auto"
+        elif tool_choice is False or tool_choice == "none":
+            choice = "none"
+        else:
+            choice = str(tool_choice)
+        if choice not in ("auto", "required", "none") and choice not in names:
+            raise ValueError(f"bind_tools: expected tool_choice to name one of {names}, but got {tool_choice!r}.")
+        given = [Tool(s["name"], s.get("description"), s.get("parameters") or {}) for s in specs]
+        bound.pop("pcd_schema", None)
+        bound["pcd_tools"] = _Tools(given, choice, bool(parallel_tool_calls), response)
         return self.bind(**bound)
 
     def with_structured_output(  # type: ignore[override]

@@ -254,18 +254,20 @@ def test_create_agent_router(llm, strategy):
     )
 
 
-def test_bind_tools_needs_a_forced_choice():
+def test_bind_tools_takes_every_choice_and_loads_nothing():
+    """Issue 17: binding tools without a forced choice is a decision now (it used to be refused)."""
     llm = ChatPCD()
 
     def lookup(order: str) -> str:
         """Look an order up."""
         return order
 
-    with pytest.raises(ValueError, match="pcd cannot decide whether to call a tool"):
-        llm.bind_tools([lookup])
+    for choice in (None, "auto", "any", "required", True, "none", False, "lookup", {"function": {"name": "Route"}}):
+        llm.bind_tools([lookup, Route], tool_choice=choice)
+    llm.bind_tools([lookup, Route], parallel_tool_calls=True)
     with pytest.raises(ValueError, match=r"expected tool_choice to name one of \['lookup', 'Route'\]"):
-        llm.bind_tools([lookup, Route], tool_choice="any")
-    assert llm.profile["structured_output"] is True and llm.profile["tool_calling"] is False
+        llm.bind_tools([lookup, Route], tool_choice="search")
+    assert llm.profile["structured_output"] is True and llm.profile["tool_calling"] is True
     assert llm.engine is None
 
 
@@ -528,3 +530,83 @@ def test_dumps_and_loads_round_trip():
     back = loads(text, valid_namespaces=["pcd_integrations"], allowed_objects=[ChatPCD])
     assert isinstance(back, ChatPCD) and back.model_dump() == llm.model_dump()
     assert back.engine is None  # a loaded engine is never serialized; the copy loads its model by name
+
+
+def _order_status(order_id: str) -> str:
+    """Look up the shipping status of an order by its number."""
+    return f"Order {order_id} shipped on Monday and arrives Friday."
+
+
+def _refund(order_id: str, amount: int) -> str:
+    """Refund an amount of money for an order."""
+    return f"Refunded {amount} for order {order_id}."
+
+
+@pytest.mark.parametrize("choice", [None, "auto", "any", "required", True, "_refund", "none"])
+def test_bind_tools_decides_the_call_and_fills_its_arguments(tiny_engine, choice):
+    from pcd_engine.calls import Tool, choice_schema
+
+    llm = ChatPCD(engine=tiny_engine).bind_tools([_order_status, _refund], tool_choice=choice)
+    reply = llm.invoke("Where is my order 5521? It has not arrived.")
+    if choice == "none":
+        assert not reply.tool_calls and isinstance(reply.content, str)
+        return
+    if choice == "_refund":
+        assert [c["name"] for c in reply.tool_calls] == ["_refund"]
+    if choice in (None, "auto") and not reply.tool_calls:
+        assert isinstance(reply.content, str)  # the model chose to answer
+        return
+    (call,) = reply.tool_calls
+    assert call["name"] in ("_order_status", "_refund") and call["id"].startswith("call_")
+    assert set(call["args"]) == ({"order_id"} if call["name"] == "_order_status" else {"order_id", "amount"})
+    evidence = reply.response_metadata["pcd"]
+    if choice != "_refund":
+        alternatives = dict(evidence["tool_choice"]["alternatives"])
+        expected = {"_order_status", "_refund"} | ({"answer"} if choice in (None, "auto") else set())
+        assert set(alternatives) == expected and abs(sum(alternatives.values()) - 1) < 1e-6
+        assert evidence["tool_choice"]["value"] == call["name"]
+    assert choice_schema([Tool("a"), Tool("b")], choice="auto")["properties"]["next"]["enum"] == ["a", "b", "answer"]
+
+
+def test_tool_choice_equals_the_engine_decision_on_the_same_document(tiny_engine):
+    from langchain_core.utils.function_calling import convert_to_openai_tool
+
+    from pcd_engine.calls import Tool, choice_schema
+
+    llm = ChatPCD(engine=tiny_engine).bind_tools([_order_status, _refund], tool_choice="auto")
+    reply = llm.invoke("Where is my order 5521? It has not arrived.")
+    specs = [convert_to_openai_tool(t)["function"] for t in (_order_status, _refund)]
+    tools = [Tool(s["name"], s["description"], s["parameters"]) for s in specs]
+    decided = tiny_engine.extract("Where is my order 5521? It has not arrived.", choice_schema(tools, choice="auto"))
+    field = decided.fields["next"]
+    evidence = reply.response_metadata.get("pcd", {}).get("tool_choice")
+    if field.value == "answer":
+        assert not reply.tool_calls
+    else:
+        assert evidence["value"] == field.value and evidence["probability"] == pytest.approx(field.probability)
+
+
+def test_tool_results_in_the_history_reach_the_decision(tiny_engine, monkeypatch):
+    from langchain_core.messages import ToolMessage
+
+    import pcd_integrations.langchain as adapter
+
+    seen = []
+    real = adapter.decide_tools
+
+    def spy(engine, text, tools, **kwargs):
+        seen.append(text)
+        return real(engine, text, tools, **kwargs)
+
+    monkeypatch.setattr(adapter, "decide_tools", spy)
+    llm = ChatPCD(engine=tiny_engine).bind_tools([_order_status], tool_choice="auto")
+    history = [
+        HumanMessage("Where is order 5521?"),
+        AIMessage("", tool_calls=[{"name": "_order_status", "args": {"order_id": "5521"}, "id": "call_1"}]),
+        ToolMessage(_order_status("5521"), tool_call_id="call_1", name="_order_status"),
+    ]
+    llm.invoke(history)
+    assert 'Called _order_status({"order_id": "5521"})' in seen[-1]
+    assert "Tool result (_order_status): Order 5521 shipped on Monday" in seen[-1]
+    with pytest.raises(ValueError, match="expected tool_choice to name one of"):
+        ChatPCD(engine=tiny_engine).bind_tools([_order_status], tool_choice="nope")

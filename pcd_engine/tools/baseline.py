@@ -193,8 +193,8 @@ def generate_baseline(engine: Engine, text: str, schema: Any, *, max_new_tokens:
         engine: A loaded :class:`~pcd_engine.engine.Engine`.
         text: The document.
         schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or the engine's)
-            per open field, plus 32.
+        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or the
+            engine's) per open field, plus 32.
 
     Returns:
         The text, the parsed values and the validity report.
@@ -262,8 +262,8 @@ def generate_outlines(engine: Engine, text: str, schema: Any, *, max_new_tokens:
         engine: A loaded :class:`~pcd_engine.engine.Engine` on the torch backend.
         text: The document.
         schema: Anything :func:`~pcd_engine.schema.compile_schema` accepts.
-        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or the engine's)
-            per open field, plus 32.
+        max_new_tokens: Token limit; defaults to 12 tokens per closed field, 12 plus its ``max_tokens`` (or the
+            engine's) per open field, plus 32.
 
     Returns:
         The text, the parsed values and the validity report (outlines output can still be cut by the limit).

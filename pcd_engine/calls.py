@@ -1,0 +1,174 @@
+"""Tool calls as decisions: which tool to call (or whether to answer instead) is a closed field pcd scores, and
+the chosen tool's arguments are a schema pcd fills.
+
+A chat model that writes a tool call token by token can write a malformed call, a tool that does not exist, or
+arguments its schema refuses. Here the choice is one closed question over the tool names (plus ``"answer"`` when
+the choice is ``"auto"``), decided from the conversation in one tree-packed pass with a probability for every
+option; with ``parallel=True`` it is a multi-label question (each tool called or not). Each chosen tool's
+arguments are then filled as its own schema (closed arguments scored, open ones generated under their JSON
+Schema), so every call names a real tool and its arguments always validate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from pcd_engine.errors import OptionError
+from pcd_engine.options import ExtractOptions
+from pcd_engine.result import ExtractionResult, FieldResult
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
+
+__all__ = ["ANSWER", "Tool", "ToolCall", "ToolDecision", "choice_schema", "decide_tools"]
+
+ANSWER = "answer"
+"""The option that means "call no tool, answer the user" under ``choice="auto"``."""
+
+Choice = Literal["auto", "required", "none"] | str
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A tool the model may call.
+
+    Attributes:
+        name: The tool's name.
+        description: What it does, shown to the model.
+        parameters: Its arguments as a JSON Schema object (``{"type": "object", "properties": {...}}``); no
+            properties means the tool takes no arguments.
+    """
+
+    name: str
+    description: str | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One decided call.
+
+    Attributes:
+        name: The tool.
+        arguments: Its arguments; they validate against the tool's parameters.
+        result: The extraction that filled them (``None`` for a tool without arguments).
+    """
+
+    name: str
+    arguments: dict[str, Any]
+    result: ExtractionResult | None
+
+
+@dataclass(frozen=True)
+class ToolDecision:
+    """What the model decided to do next.
+
+    Attributes:
+        calls: The tools to call, in the order given; empty when the model answers instead.
+        choice: The evidence of the choice: the field ``"next"`` (one option) or ``"tools"`` (parallel), with the
+            probability of every option; ``None`` when nothing was left to decide (``"none"``, or one forced tool).
+    """
+
+    calls: tuple[ToolCall, ...]
+    choice: FieldResult | None
+
+    @property
+    def answer(self) -> bool:
+        """True when no tool is called."""
+        return not self.calls
+
+
+def choice_schema(tools: Sequence[Tool], *, choice: Choice = "auto", parallel: bool = False) -> dict[str, Any]:
+    """The closed question that decides which tool to call, as a JSON Schema.
+
+    Args:
+        tools: The tools, in order.
+        choice: ``"auto"`` (a tool or ``"answer"``), ``"required"`` (some tool), or a tool's name.
+        parallel: Several tools may be called (a multi-label question) instead of one.
+
+    Raises:
+        OptionError: If there are no tools, names repeat, or the choice is unknown.
+    """
+    names = [t.name for t in tools]
+    if not names or len(set(names)) != len(names):
+        raise OptionError(f"Tools: expected at least one tool and distinct names, but got {names}.")
+    if choice not in ("auto", "required"):
+        raise OptionError(f"tool_choice: expected 'auto', 'required', 'none' or a tool name, but got {choice!r}.")
+    listing = "; ".join(f"{t.name}: {(t.description or 'no description').strip()}" for t in tools)
+    options = [*names, ANSWER] if choice == "auto" and not parallel else names
+    if parallel:
+        question: dict[str, Any] = {
+            "type": "array",
+            "items": {"enum": options},
+            "uniqueItems": True,
+            "minItems": 1 if choice == "required" else 0,
+            "description": f"The tools to call now, none to answer the user directly. Tools: {listing}",
+        }
+        key = "tools"
+    else:
+        extra = f" or {ANSWER!r} to answer the user directly" if choice == "auto" else ""
+        question = {"enum": options, "description": f"The tool to call next{extra}. Tools: {listing}"}
+        key = "next"
+    return {
+        "title": "Next step",
+        "description": "Decide what to do next in this conversation: call a tool, or answer.",
+        "type": "object",
+        "properties": {key: question},
+        "required": [key],
+    }
+
+
+def decide_tools(
+    engine: Engine,
+    text: str,
+    tools: Sequence[Tool],
+    *,
+    choice: Choice = "auto",
+    parallel: bool = False,
+    options: ExtractOptions | Mapping[str, Any] | None = None,
+) -> ToolDecision:
+    """Decide which tools to call on ``text`` (the conversation so far), then fill each call's arguments.
+
+    Args:
+        engine: The engine.
+        text: The conversation as one document (tool results included).
+        tools: The tools.
+        choice: ``"auto"``, ``"required"`` (``"any"`` is accepted too), ``"none"``, or a tool's name (forced).
+        parallel: Let the model call several tools at once.
+        options: Extraction options for every call.
+
+    Returns:
+        The calls (none when the model answers) and the evidence of the choice.
+
+    Raises:
+        OptionError: On an unknown choice or tool name, or no tools.
+        SchemaError: If a tool's parameters cannot be filled.
+    """
+    by_name = {t.name: t for t in tools}
+    choice = "required" if choice == "any" else choice
+    if choice == "none":
+        return ToolDecision((), None)
+    if choice not in ("auto", "required"):
+        if choice not in by_name:
+            raise OptionError(f"tool_choice: expected one of {list(by_name)}, but got {choice!r}.")
+        return ToolDecision((_call(engine, text, by_name[choice], options),), None)
+    if choice == "required" and len(tools) == 1 and not parallel:
+        return ToolDecision((_call(engine, text, tools[0], options),), None)
+    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), options)
+    evidence = decided.fields["tools" if parallel else "next"]
+    chosen = list(evidence.value) if parallel else [evidence.value]
+    names = [t.name for t in tools if t.name in chosen]
+    return ToolDecision(tuple(_call(engine, text, by_name[n], options) for n in names), evidence)
+
+
+def _call(engine: Engine, text: str, tool: Tool, options: ExtractOptions | Mapping[str, Any] | None) -> ToolCall:
+    """Fill one tool's arguments from the conversation."""
+    if not tool.parameters.get("properties"):
+        return ToolCall(tool.name, {}, None)
+    schema = {"title": tool.name, **dict(tool.parameters)}
+    if tool.description and "description" not in schema:
+        schema["description"] = tool.description
+    result = engine.extract(text, schema, options)
+    return ToolCall(tool.name, dict(result.values), result)
