@@ -53,7 +53,7 @@ TOOL = {"type": "function", "function": {"name": "Ticket", "description": "A tic
 
 
 class PCDCapabilities:
-    """What ChatPCD declares to langchain-tests, honestly: structured output yes, free tool calling no."""
+    """What ChatPCD declares to langchain-tests, honestly: structured output and tool calling (scored decisions)."""
 
     @property
     def chat_model_class(self) -> type[ChatPCD]:
@@ -65,7 +65,11 @@ class PCDCapabilities:
 
     @property
     def has_tool_calling(self) -> bool:
-        return False
+        return True
+
+    @property
+    def tool_choice_value(self) -> str | None:
+        return "any"  # pcd forces a call when asked; with "auto" a 135M model may rightly answer instead
 
     @property
     def has_structured_output(self) -> bool:
