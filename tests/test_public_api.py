@@ -175,6 +175,7 @@ MODULE_ALL = {
     "pcd_engine.request": ["PHASES", "Request", "prefill"],
     "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"],
     "pcd_engine.lru": ["LRU"],
+    "pcd_engine.calls": ["ANSWER", "Tool", "ToolCall", "ToolDecision", "choice_schema", "decide_tools"],
     "pcd_engine.alignment": ["AlignedLines", "align_lines", "common_prefix", "tail_tokens"],
     "pcd_engine.cache": ["CompileCache", "Head"],
     "pcd_engine.schema": [
