@@ -452,10 +452,8 @@ class ChatPCD(BaseChatModel):
         except SchemaError as exc:
             failed = AIMessage(content="", response_metadata={"pcd_error": str(exc), "model_name": self.model_name})
             return [ChatResult(generations=[ChatGeneration(message=failed)]) for _ in documents]
-        out: list[ChatResult | Exception] = [errors.get(i) or ContextError("") for i in range(len(documents))]
-        for i, result in zip(readable, results, strict=True):
-            out[i] = self._message(result, target)
-        return out
+        decided = iter([self._message(result, target) for result in results])
+        return [errors[i] if i in errors else next(decided) for i in range(len(documents))]
 
     def _message(self, result: ExtractionResult, target: _Target) -> ChatResult:
         """One decided conversation as a chat result (a tool call when the target is a tool)."""
