@@ -11,6 +11,7 @@ Schema), so every call names a real tool and its arguments always validate.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -22,7 +23,17 @@ from pcd_engine.result import ExtractionResult, FieldResult
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
-__all__ = ["ANSWER", "Tool", "ToolCall", "ToolDecision", "choice_schema", "decide_tools"]
+__all__ = [
+    "ANSWER",
+    "Tool",
+    "ToolCall",
+    "ToolDecision",
+    "called_text",
+    "choice_of",
+    "choice_schema",
+    "decide_tools",
+    "tool_result_text",
+]
 
 ANSWER = "answer"
 """The option that means "call no tool, answer the user" under ``choice="auto"``."""
@@ -78,6 +89,62 @@ class ToolDecision:
     def answer(self) -> bool:
         """True when no tool is called."""
         return not self.calls
+
+    def evidence(self) -> dict[str, Any]:
+        """The decision as JSON-ready data: the choice's value, probability and alternatives (``None`` when nothing
+        was decided), and each call's argument fields with their evidence (see
+        :meth:`~pcd_engine.ExtractionResult.evidence`)."""
+        choice = self.choice
+        chosen = None
+        if choice is not None:
+            chosen = {
+                "value": choice.value,
+                "probability": choice.probability,
+                "alternatives": [[a.value, a.probability] for a in choice.alternatives],
+            }
+        arguments = {call.name: call.result.evidence() for call in self.calls if call.result is not None}
+        return {"tool_choice": chosen, "arguments": arguments}
+
+
+def called_text(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
+    """How an assistant turn's tool calls read in the conversation a decision is made on:
+    ``Called name({"arg": ...})``, one per call, joined by ``"; "``."""
+    return "; ".join(f"Called {name}({json.dumps(dict(a), ensure_ascii=False, default=str)})" for name, a in calls)
+
+
+def tool_result_text(name: str, content: str) -> str:
+    """How a tool's result reads in the conversation a decision is made on: ``Tool result (name): content``."""
+    return f"Tool result ({name}): {content}"
+
+
+def choice_of(tool_choice: object, names: Sequence[str]) -> str:
+    """A framework's ``tool_choice`` as pcd's choice: ``"auto"``, ``"required"``, ``"none"`` or a tool's name.
+
+    Args:
+        tool_choice: ``None`` / ``"auto"`` (a tool, or answer), ``"any"`` / ``"required"`` / ``True`` (some tool),
+            ``"none"`` / ``False`` (answer), a tool's name, or an OpenAI-style ``{"function": {"name": ...}}`` /
+            ``{"name": ...}``.
+        names: The tools' names.
+
+    Raises:
+        OptionError: If the choice names no given tool.
+    """
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        choice = str((function.get("name") if isinstance(function, Mapping) else None) or tool_choice.get("name"))
+    elif tool_choice is True or tool_choice in ("any", "required"):
+        choice = "required"
+    elif tool_choice is None or tool_choice == "auto":
+        choice = "auto"
+    elif tool_choice is False or tool_choice == "none":
+        choice = "none"
+    else:
+        choice = str(tool_choice)
+    if choice not in ("auto", "required", "none") and choice not in names:
+        raise OptionError(
+            f"tool_choice: expected 'auto', 'required', 'none' or one of {list(names)}, but got {tool_choice!r}."
+        )
+    return choice
 
 
 def choice_schema(tools: Sequence[Tool], *, choice: Choice = "auto", parallel: bool = False) -> dict[str, Any]:

@@ -6,11 +6,12 @@ model backed by pcd is a real chat model on the same local weights, not only a s
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import ContextError, OptionError
+from pcd_engine.errors import ContextError, OptionError, RequestTimeout
 from pcd_engine.prompt import render_chat
 
 if TYPE_CHECKING:
@@ -123,7 +124,12 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 
 
 def stream_chat(
-    engine: Engine, messages: Sequence[ChatMessage], *, max_new_tokens: int = 256, stop: Sequence[str] = ()
+    engine: Engine,
+    messages: Sequence[ChatMessage],
+    *,
+    max_new_tokens: int = 256,
+    stop: Sequence[str] = (),
+    time_limit_s: float | None = None,
 ) -> Iterator[TextChunk]:
     """Greedy free-text reply from the engine's model, streamed as text chunks.
 
@@ -134,19 +140,25 @@ def stream_chat(
         messages: The conversation.
         max_new_tokens: Upper bound on generated tokens (> 0).
         stop: Strings that end the reply.
+        time_limit_s: Seconds the reply may take, checked after each token; ``None`` for no limit.
 
     Yields:
         Text chunks; the last one carries the finish reason and the token counts.
 
     Raises:
-        OptionError: If ``max_new_tokens`` is not a positive int or a stop sequence is empty.
+        OptionError: If ``max_new_tokens`` is not a positive int, a stop sequence is empty, or ``time_limit_s``
+            is not positive.
         ContextError: If the messages cannot be rendered or do not fit the model's window.
+        RequestTimeout: If the reply runs past ``time_limit_s`` (what was streamed before stays sent).
     """
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise OptionError(f"max_new_tokens: expected an int > 0, but got {max_new_tokens!r}.")
     stops = list(stop)
     if any(not isinstance(s, str) or not s for s in stops):
         raise OptionError(f"stop: expected non-empty strings, but got {stops!r}.")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise OptionError(f"time_limit_s: expected a positive number of seconds, but got {time_limit_s!r}.")
+    started = time.perf_counter()
     tokenizer = engine.tokenizer
     ids = chat_prompt_ids(tokenizer, messages)
     if len(ids) + 1 > engine.backend.max_context:
@@ -160,6 +172,8 @@ def stream_chat(
     sent = 0
     reason = "length"
     for token in engine.backend.stream_greedy(ids, max_new_tokens=limit):
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            raise RequestTimeout(f"Chat: the reply ran past its time limit of {time_limit_s:g} s.")
         if token in eos:
             reason = "stop"
             break

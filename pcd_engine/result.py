@@ -175,6 +175,12 @@ class ExtractionResult:
         }
         return {"values": dict(self.values), "fields": fields, "warnings": list(self.warnings), "stats": stats}
 
+    def evidence(self) -> dict[str, Any]:
+        """The part of :meth:`to_json` a chat reply carries in its metadata: ``fields``, ``warnings`` and the
+        number of ``forward_passes``."""
+        data = self.to_json()
+        return {"fields": data["fields"], "warnings": data["warnings"], "forward_passes": self.stats.forward_passes}
+
     def low_confidence(self, *, min_probability: float = 0.5, min_candidate_mass: float = 0.2) -> list[FieldResult]:
         """Scored fields whose probability or candidate mass is below a threshold, and generated fields that
         were cut or could not be completed.

@@ -1,13 +1,81 @@
-"""What the adapters share: one engine per (model, backend) in a process."""
+"""What the adapters share: one engine per (model, backend) in a process, and how their settings are read."""
 
 from __future__ import annotations
 
+import difflib
 import functools
+import warnings
+from collections.abc import Collection
+from typing import Any, Literal
 
-from pcd_engine import Engine
+from pcd_engine import Engine, ExtractOptions, OptionError, RequestLimits
 
 
 @functools.lru_cache(maxsize=4)
 def shared_engine(model: str | None, backend: str) -> Engine:
     """Load an engine once per process: adapters are cheap to build, models are not."""
     return Engine.load(model, backend=backend)
+
+
+def read_settings(
+    owner: str, data: dict[str, Any], known: Collection[str], *, others: Literal["warn", "refuse"]
+) -> dict[str, Any]:
+    """Check a constructor's arguments: ``model_name`` is another name for ``model``; an unknown argument close to
+    a known one is a typo and refused; any other unknown one is dropped with a ``UserWarning`` (``others="warn"``)
+    or refused (``others="refuse"``); ``timeout`` must be positive.
+
+    Args:
+        owner: The class, for messages.
+        data: The arguments given.
+        known: The arguments the class takes.
+        others: What happens to an unknown argument that is no typo.
+
+    Returns:
+        The arguments to build with.
+
+    Raises:
+        OptionError: On a typo, a refused argument, two names for different models, or a bad ``timeout``.
+    """
+    data = dict(data)
+    if "model_name" in data and "model_name" not in known:
+        name = data.pop("model_name")
+        if data.get("model") not in (None, name):
+            raise OptionError(f"{owner}: model={data['model']!r} and model_name={name!r} name different models.")
+        data["model"] = name
+    for key in [k for k in data if k not in known]:
+        near = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
+        if near:
+            raise OptionError(f"{owner}: unknown argument {key!r}. Did you mean {near[0]!r}?")
+        if others == "refuse":
+            raise OptionError(
+                f"{owner}: unknown argument {key!r}: pcd runs a local model and has no such setting "
+                f"(expected one of {sorted(k for k in known if not k.startswith('_'))})."
+            )
+        warnings.warn(f"{owner}: {key!r} is ignored: pcd runs a local model and has no such setting.", UserWarning, 5)
+        del data[key]
+    if data.get("timeout") is not None and not data["timeout"] > 0:
+        raise OptionError(f"{owner}: timeout: expected a positive number of seconds, but got {data['timeout']}.")
+    if data.get("temperature") is not None and not data["temperature"] >= 0:
+        raise OptionError(f"{owner}: temperature: expected a number >= 0, but got {data['temperature']}.")
+    return data
+
+
+def setting_options(*, temperature: float | None, timeout: float | None) -> ExtractOptions:
+    """A chat model's ``temperature`` and ``timeout`` as extraction options: a positive temperature reshapes
+    structured probabilities (the decisions never change), and the timeout bounds the request."""
+    warm = temperature if temperature is not None and temperature > 0 else None
+    limits = RequestLimits(time_limit_s=timeout) if timeout else None
+    return ExtractOptions(temperature=warm, limits=limits)
+
+
+def refuse_sampling(owner: str, temperature: float | None) -> None:
+    """Free text is greedy: a positive temperature is refused there rather than ignored.
+
+    Raises:
+        OptionError: If ``temperature`` is positive.
+    """
+    if temperature:
+        raise OptionError(
+            f"{owner}: temperature={temperature} asks for sampled free text, but pcd writes free text greedily. "
+            "Use temperature=0 (or None) for free text; it reshapes structured probabilities only."
+        )

@@ -10,12 +10,9 @@ Install with ``pip install "pcd[langchain]"``.
 
 from __future__ import annotations
 
-import difflib
 import json
 import threading
-import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -42,17 +39,15 @@ from pcd_engine import (
     ExtractionResult,
     ExtractOptions,
     OptionError,
-    RequestLimits,
-    RequestTimeout,
     SchemaError,
     stream_chat,
 )
-from pcd_engine.calls import Tool, decide_tools
+from pcd_engine.calls import Tool, called_text, choice_of, decide_tools, tool_result_text
 from pcd_engine.chat import document_text
 from pcd_engine.checks import check_text
 from pcd_engine.errors import ContextError
 from pcd_engine.models import DEFAULT_MODEL
-from pcd_integrations._shared import shared_engine
+from pcd_integrations._shared import read_settings, refuse_sampling, setting_options, shared_engine
 
 __all__ = ["ChatPCD"]
 
@@ -71,9 +66,8 @@ def _turn_text(message: BaseMessage) -> str:
     """A turn as the decision reads it: tool calls and tool results are labelled, so the model sees what was
     called and what came back."""
     if isinstance(message, ToolMessage):
-        return f"Tool result ({message.name or message.tool_call_id}): {_text(message)}"
-    calls = getattr(message, "tool_calls", None) or []
-    made = "; ".join(f"Called {c['name']}({json.dumps(c['args'], ensure_ascii=False)})" for c in calls)
+        return tool_result_text(message.name or message.tool_call_id, _text(message))
+    made = called_text([(c["name"], c["args"]) for c in getattr(message, "tool_calls", None) or []])
     return "\n".join(t for t in (_text(message), made) if t)
 
 
@@ -144,11 +138,6 @@ class _SharedBatch:
                 self._answers = {_key(c): a for c, a in zip(self._conversations, decided, strict=True)}
         hit = self._answers.get(_key(messages))
         return hit if hit is not None else self._llm._structured([messages], self._target)[0]
-
-
-def _metadata(result: ExtractionResult) -> dict[str, Any]:
-    data = result.to_json()
-    return {"fields": data["fields"], "warnings": data["warnings"], "forward_passes": result.stats.forward_passes}
 
 
 class ChatPCD(BaseChatModel):
@@ -252,30 +241,14 @@ class ChatPCD(BaseChatModel):
         does; it moves them into ``model_kwargs`` for its server, and pcd has no server to send them to)."""
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        if "model_name" in data:
-            name = data.pop("model_name")
-            if data.get("model") not in (None, name):
-                raise OptionError(f"ChatPCD: model={data['model']!r} and model_name={name!r} name different models.")
-            data["model"] = name
-        for key in [k for k in data if k not in cls.model_fields]:
-            near = difflib.get_close_matches(key, list(cls.model_fields), n=1, cutoff=0.75)
-            if near:
-                raise OptionError(f"ChatPCD: unknown argument {key!r}. Did you mean {near[0]!r}?")
-            message = f"ChatPCD: {key!r} is ignored: pcd runs a local model and has no such setting."
-            warnings.warn(message, UserWarning, stacklevel=4)
-            del data[key]
+        data = read_settings("ChatPCD", data, cls.model_fields, others="warn")
         if data.get("max_retries", 0) < 0:
             raise OptionError(f"ChatPCD: max_retries: expected an integer >= 0, but got {data['max_retries']}.")
-        if data.get("timeout") is not None and not data["timeout"] > 0:
-            raise OptionError(f"ChatPCD: timeout: expected a positive number of seconds, but got {data['timeout']}.")
         return data
 
     def _setting_options(self) -> ExtractOptions:
         """``temperature`` and ``timeout`` as extraction options (the ``options`` of the model and call win)."""
-        warm = self.temperature if self.temperature is not None and self.temperature > 0 else None
-        limits = RequestLimits(time_limit_s=self.timeout) if self.timeout else None
-        return ExtractOptions(temperature=warm, limits=limits)
+        return setting_options(temperature=self.temperature, timeout=self.timeout)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -375,17 +348,13 @@ class ChatPCD(BaseChatModel):
                 )
             )
             return
-        if self.temperature:
-            raise OptionError(
-                f"ChatPCD: temperature={self.temperature} asks for sampled free text, but pcd writes free text "
-                "greedily. Use temperature=0 (or None) for free text; it reshapes structured probabilities only."
-            )
+        refuse_sampling("ChatPCD", self.temperature)
         turns = [ChatMessage(_ROLE.get(m.type, "user"), _text(m)) for m in messages]
         limit = int(kwargs.get("max_tokens", self.max_tokens))
-        started = time.perf_counter()
-        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop or self.stop or ()):
-            if self.timeout and time.perf_counter() - started > self.timeout:
-                raise RequestTimeout(f"ChatPCD: the reply took longer than timeout={self.timeout:g} s.")
+        chunks = stream_chat(
+            self.get_engine(), turns, max_new_tokens=limit, stop=stop or self.stop or (), time_limit_s=self.timeout
+        )
+        for piece in chunks:
             if piece.finish_reason is None:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece.text))
                 if run_manager:
@@ -416,14 +385,7 @@ class ChatPCD(BaseChatModel):
         if decision.answer:
             return None
         calls = [tool_call(name=c.name, args=c.arguments, id=f"call_{uuid.uuid4().hex}") for c in decision.calls]
-        choice = decision.choice
-        evidence = {
-            "tool_choice": None
-            if choice is None
-            else {"value": choice.value, "probability": choice.probability,
-                  "alternatives": [[a.value, a.probability] for a in choice.alternatives]},
-            "arguments": {c.name: _metadata(c.result) for c in decision.calls if c.result is not None},
-        }  # fmt: skip
+        evidence = decision.evidence()
         message = AIMessage(
             content="",
             tool_calls=calls,
@@ -464,7 +426,7 @@ class ChatPCD(BaseChatModel):
         message = AIMessage(
             content="" if calls else json.dumps(values, ensure_ascii=False),
             tool_calls=calls,
-            response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": _metadata(result)},
+            response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": result.evidence()},
             usage_metadata={
                 "input_tokens": result.stats.prompt_tokens,
                 "output_tokens": result.stats.generated_tokens,
@@ -534,7 +496,7 @@ class ChatPCD(BaseChatModel):
             probabilities in ``response_metadata["pcd"]``, or the answer.
 
         Raises:
-            ValueError: If ``tool_choice`` names no given tool.
+            OptionError: If ``tool_choice`` names no given tool (a ``ValueError``).
         """
         specs = [convert_to_openai_tool(t, strict=strict)["function"] for t in tools]
         bound: dict[str, Any] = dict(kwargs)
@@ -547,19 +509,7 @@ class ChatPCD(BaseChatModel):
             bound["pcd_schema"] = response
         if not specs:
             return self.bind(**bound)
-        names = [spec["name"] for spec in specs]
-        if isinstance(tool_choice, dict):
-            choice = str(tool_choice.get("function", {}).get("name") or tool_choice.get("name"))
-        elif tool_choice is True or tool_choice in ("any", "required"):
-            choice = "required"
-        elif tool_choice in (None, "auto"):
-            choice = "auto"
-        elif tool_choice is False or tool_choice == "none":
-            choice = "none"
-        else:
-            choice = str(tool_choice)
-        if choice not in ("auto", "required", "none") and choice not in names:
-            raise ValueError(f"bind_tools: expected tool_choice to name one of {names}, but got {tool_choice!r}.")
+        choice = choice_of(tool_choice, [spec["name"] for spec in specs])
         given = [Tool(s["name"], s.get("description"), s.get("parameters") or {}) for s in specs]
         bound.pop("pcd_schema", None)
         bound["pcd_tools"] = _Tools(given, choice, bool(parallel_tool_calls), response)

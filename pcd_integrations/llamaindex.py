@@ -11,6 +11,7 @@ Install with ``pip install "pcd[llamaindex]"``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -26,24 +27,63 @@ from llama_index.core.base.llms.types import (
     CompletionResponseGen,
     LLMMetadata,
     MessageRole,
+    ToolCallBlock,
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.extractors import BaseExtractor
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.schema import BaseNode, MetadataMode
+from llama_index.core.tools.types import BaseTool
 from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel
 
-from pcd_engine import ChatMessage, Engine, ExtractionResult, ExtractOptions, OptionError, stream_chat
+from pcd_engine import (
+    ChatMessage,
+    Engine,
+    ExtractionResult,
+    ExtractOptions,
+    OptionError,
+    stream_chat,
+)
+from pcd_engine.calls import Tool, called_text, choice_of, decide_tools, tool_result_text
+from pcd_engine.chat import document_text
 from pcd_engine.models import DEFAULT_MODEL
-from pcd_integrations._shared import shared_engine
+from pcd_integrations._shared import read_settings, refuse_sampling, setting_options, shared_engine
 
 __all__ = ["PCDLLM", "PCDMetadataExtractor", "PCDPydanticProgram"]
 
 # LlamaIndex roles as pcd chat turns: tool results and function outputs are read as user turns.
 _ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "chatbot": "assistant"}
+
+
+class _ToolRequest:
+    """The tools of one ``chat_with_tools`` turn, and how the model may choose among them."""
+
+    def __init__(self, tools: list[Tool], choice: str, parallel: bool) -> None:
+        self.tools, self.choice, self.parallel = tools, choice, parallel
+
+
+def _turn_texts(messages: Sequence[LIChatMessage]) -> list[tuple[LIChatMessage, str]]:
+    """Each message with its text as the model reads it: tool calls and tool results are labelled (a result by
+    the name of the call it answers), so the model sees what was called and what came back."""
+    names: dict[str, str] = {}
+    out = []
+    for m in messages:
+        calls = [b for b in m.blocks if isinstance(b, ToolCallBlock)]
+        names.update({c.tool_call_id: c.tool_name for c in calls if c.tool_call_id})
+        text = m.content or ""
+        if str(m.role.value) in ("tool", "function"):
+            call_id = str(m.additional_kwargs.get("tool_call_id", ""))
+            name = names.get(call_id) or str(m.additional_kwargs.get("name") or call_id or "tool")
+            text = tool_result_text(name, text)
+        made = called_text([(c.tool_name, c.tool_kwargs if isinstance(c.tool_kwargs, dict) else {}) for c in calls])
+        out.append((m, "\n".join(t for t in (text, made) if t)))
+    return out
+
 
 PROBABILITY_PREFIX = "pcd_probability_"
 """Metadata key prefix of per-field probabilities stored by :class:`PCDMetadataExtractor`."""
@@ -110,10 +150,14 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         are the base they override. ``verbose`` prints each call's values with their probabilities, as LlamaIndex's
         own programs print what they produced.
 
+        The engine is, in order: ``engine``, the engine of ``llm``, the engine of ``Settings.llm`` when one is set
+        (LlamaIndex's own default), or the embedded model's.
+
         Raises:
-            OptionError: If an option is unknown or out of range (a ``ValueError``).
-            ValueError: If both or neither of ``prompt_template_str`` and ``prompt`` are given, both ``llm`` and
-                ``engine`` are given, or ``llm`` is not a :class:`PCDLLM`.
+            OptionError: If an option is unknown or out of range, or ``llm`` (or ``Settings.llm``) is not a
+                :class:`PCDLLM` (a ``ValueError``).
+            ValueError: If both or neither of ``prompt_template_str`` and ``prompt`` are given, or both ``llm`` and
+                ``engine`` are given.
         """
         given = ExtractOptions.parse(kwargs, where="PCDPydanticProgram.from_defaults").over(
             ExtractOptions.parse(options, where="PCDPydanticProgram.from_defaults options")
@@ -125,11 +169,10 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
             )
         if llm is not None and engine is not None:
             raise ValueError("PCDPydanticProgram.from_defaults: expected llm or engine, but got both.")
-        if llm is not None and not isinstance(llm, PCDLLM):
-            raise ValueError(f"PCDPydanticProgram.from_defaults: expected a PCDLLM, but got {type(llm).__name__}.")
-        chosen = engine or (llm.get_engine() if llm is not None else shared_engine(None, "auto"))
-        if llm is not None:
-            given = given.over(llm.extract_options)
+        source = None if engine is not None else _pcd_llm("PCDPydanticProgram.from_defaults", llm)
+        chosen = engine or (source.get_engine() if source is not None else shared_engine(None, "auto"))
+        if source is not None:
+            given = given.over(source.extract_options)
         template = prompt or PromptTemplate(str(prompt_template_str))
         return cls(output_cls, template, chosen, options=given, verbose=verbose)
 
@@ -179,26 +222,46 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         return gen()
 
 
-class PCDLLM(CustomLLM):
-    """A local LLM on pcd's engine: free text by greedy decoding, structured predictions by the engine."""
+class PCDLLM(CustomLLM, FunctionCallingLLM):
+    """A local LLM on pcd's engine: free text by greedy decoding, structured predictions and tool calls decided by
+    the engine.
+
+    It is a function-calling model: ``chat_with_tools``, ``predict_and_call`` and ``FunctionAgent`` get tool calls
+    from one scored decision over the tool names (plus answering directly when the choice is ``"auto"``), then the
+    chosen tool's arguments filled as its schema, so every call names a real tool with valid arguments. The
+    choice's probabilities are in the reply's ``additional_kwargs["pcd"]``.
+
+    Every argument is honoured or refused: a misspelt or unknown one is an :class:`~pcd_engine.OptionError`
+    (LlamaIndex LLMs otherwise drop unknown arguments silently); ``model_name`` is another name for ``model``.
+    """
 
     model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
     backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
-    max_tokens: int = Field(default=256, description="Upper bound on tokens for free-text replies.")
+    max_tokens: int = Field(default=256, gt=0, description="Upper bound on tokens for free-text replies.")
+    temperature: float | None = Field(
+        default=None,
+        description="0 or None: greedy free text, the only kind pcd writes. Above 0, structured predictions and "
+        "tool choices report their probabilities at this temperature (decisions never change); free text refuses it.",
+    )
+    stop: list[str] | None = Field(default=None, description="Stop sequences for free text; a call's own stop wins.")
+    timeout: float | None = Field(
+        default=None, description="Seconds one call may take (pcd_engine.RequestTimeout when exceeded)."
+    )
     options: dict[str, Any] | None = Field(
-        default=None, description="Extraction options (ExtractOptions names) for structured predictions."
+        default=None, description="Extraction options (ExtractOptions names) for structured predictions and tools."
     )
     _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, *, engine: Engine | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**read_settings("PCDLLM", kwargs, type(self).model_fields, others="refuse"))
         self._engine = engine
         _ = self.extract_options  # a bad option fails here, as an OptionError
 
     @property
     def extract_options(self) -> ExtractOptions:
-        """``options`` as an :class:`~pcd_engine.ExtractOptions`."""
-        return ExtractOptions.parse(self.options, where="PCDLLM options")
+        """``options`` over ``temperature`` and ``timeout``, as an :class:`~pcd_engine.ExtractOptions`."""
+        settings = setting_options(temperature=self.temperature, timeout=self.timeout)
+        return ExtractOptions.parse(self.options, where="PCDLLM options").over(settings)
 
     @classmethod
     def class_name(cls) -> str:
@@ -218,56 +281,138 @@ class PCDLLM(CustomLLM):
             context_window=window,
             num_output=self.max_tokens,
             is_chat_model=True,
+            is_function_calling_model=True,
             model_name=self.model or DEFAULT_MODEL,
         )
 
-    def _chat_pieces(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> Iterator[tuple[str, str]]:
-        """``(text so far, delta)`` of the reply to ``messages``, written with the model's own chat template."""
-        turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), m.content or "") for m in messages]
-        limit = int(kwargs.get("max_tokens", self.max_tokens))
+    # ------------------------------------------------------------------------------------------ free text
+
+    def _free_text(self, turns: Sequence[ChatMessage], **kwargs: Any) -> Iterator[tuple[str, str]]:
+        """``(text so far, delta)`` of the greedy reply to ``turns``, written with the model's own chat template;
+        ``max_tokens`` and ``stop`` of the call win over the model's."""
+        refuse_sampling("PCDLLM", self.temperature)
+        limit = int(kwargs.get("max_tokens") or self.max_tokens)
+        stop = kwargs.get("stop") or self.stop or ()
         text = ""
-        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=kwargs.get("stop") or ()):
+        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop, time_limit_s=self.timeout):
             if piece.text:
                 text += piece.text
                 yield text, piece.text
 
-    @llm_chat_callback()
-    def chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse:
-        """Reply to ``messages``: roles reach the model through its chat template (system, user, assistant)."""
-        text = "".join(delta for _text, delta in self._chat_pieces(messages, **kwargs))
-        return ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text))
+    def _reply(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse | Iterator[ChatResponse]:
+        """The tool calls decided for ``messages`` (one response) when tools are bound and the model calls one;
+        otherwise the free-text reply, one response per token."""
+        tools: _ToolRequest | None = kwargs.pop("pcd_tools", None)
+        if tools is not None:
+            decided = self._tool_reply(messages, tools)
+            if decided is not None:
+                return decided
+        turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), text) for m, text in _turn_texts(messages)]
 
-    @llm_chat_callback()
-    def stream_chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponseGen:
-        """:meth:`chat`, one token at a time."""
-
-        def gen() -> ChatResponseGen:
-            for text, delta in self._chat_pieces(messages, **kwargs):
+        def gen() -> Iterator[ChatResponse]:
+            for text, delta in self._free_text(turns, **kwargs):
                 yield ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
 
         return gen()
 
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse:
+        """Reply to ``messages``: roles reach the model through its chat template (system, user, assistant); with
+        tools bound (``chat_with_tools``) the reply may be tool calls instead."""
+        reply = self._reply(messages, **kwargs)
+        if isinstance(reply, ChatResponse):
+            return reply
+        text = ""
+        for response in reply:
+            text = response.message.content or ""
+        return ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponseGen:
+        """:meth:`chat`, one token at a time (tool calls come whole, in one response)."""
+        reply = self._reply(messages, **kwargs)
+        if not isinstance(reply, ChatResponse):
+            return reply
+
+        def whole() -> ChatResponseGen:
+            yield reply
+
+        return whole()
+
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         text = ""
-        for response in self.stream_complete(prompt, formatted=formatted, **kwargs):
-            text = response.text
+        for so_far, _delta in self._free_text([ChatMessage("user", prompt)], **kwargs):
+            text = so_far
         return CompletionResponse(text=text)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
-        limit = int(kwargs.get("max_tokens", self.max_tokens))
-        stop = kwargs.get("stop") or ()
-        turns = [ChatMessage("user", prompt)]
+        pieces = self._free_text([ChatMessage("user", prompt)], **kwargs)
+        return (CompletionResponse(text=text, delta=delta) for text, delta in pieces)
 
-        def gen() -> CompletionResponseGen:
-            text = ""
-            for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop):
-                if piece.text:
-                    text += piece.text
-                    yield CompletionResponse(text=text, delta=piece.text)
+    # ------------------------------------------------------------------------------------------ tools
 
-        return gen()
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | LIChatMessage | None = None,
+        chat_history: list[LIChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: str | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The ``chat`` arguments of a tool-calling turn: the conversation, and the tools with the choice
+        (``tool_choice`` as in OpenAI: ``"auto"``, ``"required"``, ``"none"`` or a tool's name; ``tool_required``
+        means ``"required"``)."""
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            messages.append(LIChatMessage(role=MessageRole.USER, content=user_msg))
+        elif user_msg is not None:
+            messages.append(user_msg)
+        given = [Tool(str(t.metadata.name), t.metadata.description, t.metadata.get_parameters_dict()) for t in tools]
+        choice = choice_of(
+            "required" if tool_required and tool_choice is None else tool_choice, [t.name for t in given]
+        )
+        return {"messages": messages, "pcd_tools": _ToolRequest(given, choice, allow_parallel_tool_calls), **kwargs}
+
+    def _tool_reply(self, messages: Sequence[LIChatMessage], tools: _ToolRequest) -> ChatResponse | None:
+        """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
+        document = document_text([text for _m, text in _turn_texts(messages)])
+        decision = decide_tools(
+            self.get_engine(), document, tools.tools, choice=tools.choice, parallel=tools.parallel,
+            options=self.extract_options,
+        )  # fmt: skip
+        if decision.answer:
+            return None
+        blocks = [
+            ToolCallBlock(tool_call_id=f"call_{uuid.uuid4().hex}", tool_name=c.name, tool_kwargs=c.arguments)
+            for c in decision.calls
+        ]
+        evidence = decision.evidence()
+        message = LIChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
+        return ChatResponse(message=message, raw={"pcd": evidence}, additional_kwargs={"pcd": evidence})
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The tool calls of a :meth:`chat_with_tools` reply.
+
+        Raises:
+            ValueError: If there are none and ``error_on_no_tool_call`` is set.
+        """
+        calls = [
+            ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=b.tool_kwargs)
+            for b in response.message.blocks
+            if isinstance(b, ToolCallBlock)
+        ]
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"PCDLLM: expected a tool call, but the model answered: {response.message.content!r}.")
+        return calls
+
+    # ------------------------------------------------------------------------------------------ structured
 
     def _program(self, output_cls: type[BaseModel], prompt: BasePromptTemplate) -> PCDPydanticProgram:
         return PCDPydanticProgram(output_cls, prompt, self.get_engine(), options=self.extract_options)
@@ -293,6 +438,30 @@ class PCDLLM(CustomLLM):
         return await self._program(output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **args)
 
 
+def _pcd_llm(owner: str, llm: Any) -> PCDLLM | None:
+    """The :class:`PCDLLM` whose engine to use: ``llm``, else ``Settings.llm`` when one is set (a ``MockLLM``,
+    what ``Settings.llm = None`` sets, counts as none).
+
+    Raises:
+        OptionError: If that LLM is not a :class:`PCDLLM`: pcd decides with its own engine, so another LLM cannot
+            be honoured, and is not silently replaced.
+    """
+    where = "llm"
+    if llm is None:
+        from llama_index.core import Settings
+        from llama_index.core.llms.mock import MockLLM
+
+        llm, where = Settings._llm, "Settings.llm"
+        if llm is None or type(llm) is MockLLM:
+            return None
+    if not isinstance(llm, PCDLLM):
+        raise OptionError(
+            f"{owner}: expected {where} to be a PCDLLM (pcd decides with its own engine), but got "
+            f"{type(llm).__name__}. Pass llm=PCDLLM(model=...), engine=..., or set Settings.llm = PCDLLM(...)."
+        )
+    return llm
+
+
 def _json_safe(value: Any) -> Any:
     return getattr(value, "value", value)
 
@@ -305,8 +474,10 @@ class PCDMetadataExtractor(BaseExtractor):
     (generated fields have none); those keys are kept out of the text the embedding model and the LLM see. A
     node with no text gets an empty dict (it is skipped, not sent to the engine).
 
-    The engine is, in order: ``engine=``, the engine of ``llm=`` (a :class:`PCDLLM`, whose options are the base
-    of ``options``), or the shared engine of ``model`` on ``backend``.
+    The engine is, in order: ``engine=``, the shared engine of ``model`` on ``backend``, the engine of ``llm=``
+    (a :class:`PCDLLM`, whose options are the base of ``options``), the engine of ``Settings.llm`` when one is set
+    (LlamaIndex's own default), or the embedded model's. An ``llm`` (or ``Settings.llm``) that is not a
+    :class:`PCDLLM` is refused with an :class:`~pcd_engine.OptionError`, never silently replaced.
     """
 
     output_cls: Any = Field(description="The Pydantic model whose fields are the tags.")
@@ -322,15 +493,11 @@ class PCDMetadataExtractor(BaseExtractor):
         self, output_cls: type[BaseModel], *, engine: Engine | None = None, llm: Any = None, **kwargs: Any
     ) -> None:
         super().__init__(output_cls=output_cls, **kwargs)
-        if llm is not None and not isinstance(llm, PCDLLM):
-            raise OptionError(
-                f"PCDMetadataExtractor: expected llm to be a PCDLLM (pcd decides with its own engine), but got "
-                f"{type(llm).__name__}. Pass PCDLLM(model=...) or model=..."
-            )
         if llm is not None and (engine is not None or self.model is not None):
             raise OptionError("PCDMetadataExtractor: expected one of engine, llm or model, but got several.")
-        self._engine = engine or (llm.get_engine() if llm is not None else None)
-        self._base_options = llm.extract_options if llm is not None else ExtractOptions()
+        source = None if engine is not None or self.model is not None else _pcd_llm("PCDMetadataExtractor", llm)
+        self._engine = engine or (source.get_engine() if source is not None else None)
+        self._base_options = source.extract_options if source is not None else ExtractOptions()
         ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")  # fails here, as an OptionError
 
     @classmethod

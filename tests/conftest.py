@@ -43,3 +43,13 @@ def default_engine(smol_path: Path) -> Any:
     from pcd_engine import Engine
 
     return Engine.load()
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(smol_tokenizer: Any) -> Any:
+    """An engine on a tiny random Llama with the SmolLM2 tokenizer: real code paths, no real weights."""
+    from pcd_engine import Engine
+    from pcd_engine.backends.torch import TorchBackend
+    from tests.support import tiny_model
+
+    return Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))

@@ -157,6 +157,53 @@ class OracleLM:
         return float(self.distribution(context)[token])
 
 
+class ScriptedLM(OracleLM):
+    """An oracle that reads its context as text and wants to write certain JSON values, as a model that
+    understood the conversation would: ``wants(text)`` gives ``{key: value}``, and after ``"key":`` every token
+    that keeps the value's JSON (then ``,``) on course gets ``boost`` added to its logit (the row is then
+    renormalized). Everywhere else it is the plain oracle. Tests drive agent loops with it: the decisions follow the
+    conversation, and everything else (tokenizing, packing, scoring, generating) is the engine's own work.
+    """
+
+    def __init__(self, tokenizer: Any, wants: Any, *, boost: float = 40.0, **kwargs: Any) -> None:
+        super().__init__(len(tokenizer), **kwargs)
+        self.tokenizer = tokenizer
+        self.wants = wants
+        self.boost = boost
+        self.pieces = [tokenizer.decode([i]) for i in range(len(tokenizer))]
+        self._scripted: dict[tuple[int, ...], np.ndarray] = {}
+
+    def distribution(self, context: Sequence[int]) -> np.ndarray:
+        key = tuple(context)
+        hit = self._scripted.get(key)
+        if hit is not None:
+            return hit
+        base = super().distribution(context)
+        text = self.tokenizer.decode(list(context))
+        wanted = None
+        for name, value in self.wants(text).items():
+            marker = f"{json.dumps(name)}:"
+            at = text.rfind(marker)
+            if at >= 0 and (wanted is None or at > wanted[0]):
+                wanted = (at, text[at + len(marker) :], f" {json.dumps(value)},")
+        if wanted is None:
+            return base
+        _, tail, target = wanted
+        if not target.startswith(tail):
+            return base
+        on_course = [
+            i for i, piece in enumerate(self.pieces)
+            if piece and (target.startswith(tail + piece) or (tail + piece).startswith(target))
+        ]  # fmt: skip
+        if not on_course:
+            return base
+        logits = base.copy()
+        logits[on_course] += self.boost
+        hit = logits - np.logaddexp.reduce(logits)
+        self._scripted[key] = hit
+        return hit
+
+
 class OraclePrefix(Prefix):
     def __init__(self, ids: tuple[int, ...]) -> None:
         self.ids = ids
@@ -461,3 +508,17 @@ def serve_on_loopback(app: Any, **config: Any) -> Iterator[int]:
         server.should_exit = True
         thread.join(10)
         sock.close()
+
+
+def seen_options(engine: Any, monkeypatch: Any) -> list[Any]:
+    """Spy on ``engine.extract`` and ``engine.extract_many``: the list gets each call's resolved options."""
+    seen: list[Any] = []
+    for name in ("extract", "extract_many"):
+        real = getattr(engine, name)
+
+        def spy(texts: Any, schema: Any, options: Any = None, _real: Any = real, **kwargs: Any) -> Any:
+            seen.append(engine.resolve(options))
+            return _real(texts, schema, options=options, **kwargs)
+
+        monkeypatch.setattr(engine, name, spy)
+    return seen

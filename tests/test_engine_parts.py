@@ -173,3 +173,16 @@ def test_generate_rows_calls_before_pass_at_every_pass_boundary(smol_tokenizer, 
             backend.start(prefix), causal=[5], prefixes=[[8], [9], [10]], choose=choose, before_pass=stop_at_third
         )
     assert backend.forward_passes - before == 3  # no pass ran after the hook refused
+
+
+def test_stream_chat_time_limit_stops_between_tokens(smol_tokenizer):
+    from pcd_engine import ChatMessage, OptionError, RequestTimeout, stream_chat
+
+    engine = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer))))
+    turns = [ChatMessage("user", "Say something")]
+    free = "".join(c.text for c in stream_chat(engine, turns, max_new_tokens=5))
+    assert free == "".join(c.text for c in stream_chat(engine, turns, max_new_tokens=5, time_limit_s=600))
+    with pytest.raises(RequestTimeout, match="time limit of 1e-09 s"):
+        list(stream_chat(engine, turns, max_new_tokens=5, time_limit_s=1e-9))
+    with pytest.raises(OptionError, match="time_limit_s"):
+        list(stream_chat(engine, turns, time_limit_s=0))

@@ -21,6 +21,7 @@ from langchain_tests.unit_tests import ChatModelUnitTests  # noqa: E402
 
 from pcd_engine import SchemaError  # noqa: E402
 from pcd_integrations.langchain import ChatPCD  # noqa: E402
+from tests.support import seen_options  # noqa: E402
 
 TICKET = "I was charged twice for order 5521. Refund the second charge today or I will dispute it with my bank."
 
@@ -269,7 +270,9 @@ def test_bind_tools_takes_every_choice_and_loads_nothing():
     for choice in (None, "auto", "any", "required", True, "none", False, "lookup", {"function": {"name": "Route"}}):
         llm.bind_tools([lookup, Route], tool_choice=choice)
     llm.bind_tools([lookup, Route], parallel_tool_calls=True)
-    with pytest.raises(ValueError, match=r"expected tool_choice to name one of \['lookup', 'Route'\]"):
+    with pytest.raises(
+        ValueError, match=r"tool_choice: expected 'auto', 'required', 'none' or one of \['lookup', 'Route'\]"
+    ):
         llm.bind_tools([lookup, Route], tool_choice="search")
     assert llm.profile["structured_output"] is True and llm.profile["tool_calling"] is True
     assert llm.engine is None
@@ -388,29 +391,8 @@ def test_the_adapters_ship_type_information():
     assert (Path(pcd_integrations.__file__).parent / "py.typed").exists()
 
 
-@pytest.fixture(scope="module")
-def tiny_engine(smol_tokenizer):
-    from pcd_engine import Engine
-    from pcd_engine.backends.torch import TorchBackend
-    from tests.support import tiny_model
-
-    return Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))
-
-
-def _seen_options(engine, monkeypatch):
-    seen = []
-    real = engine.extract_many
-
-    def spy(texts, schema, options=None, **kwargs):
-        seen.append(engine.resolve(options))
-        return real(texts, schema, options=options, **kwargs)
-
-    monkeypatch.setattr(engine, "extract_many", spy)
-    return seen
-
-
 def test_temperature_reaches_structured_output_and_is_refused_for_free_text(tiny_engine, monkeypatch):
-    seen = _seen_options(tiny_engine, monkeypatch)
+    seen = seen_options(tiny_engine, monkeypatch)
     llm = ChatPCD(engine=tiny_engine, temperature=2.0)
     llm.with_structured_output(Ticket).invoke(TICKET)
     assert seen[-1].temperature == 2.0
@@ -430,11 +412,11 @@ def test_temperature_reaches_structured_output_and_is_refused_for_free_text(tiny
 def test_timeout_bounds_structured_calls_and_free_text(tiny_engine, monkeypatch):
     from pcd_engine import RequestTimeout
 
-    seen = _seen_options(tiny_engine, monkeypatch)
+    seen = seen_options(tiny_engine, monkeypatch)
     ChatPCD(engine=tiny_engine, timeout=30).with_structured_output(Ticket).invoke(TICKET)
     assert seen[-1].limits.time_limit_s == 30
     llm = ChatPCD(engine=tiny_engine, timeout=1e-9, max_tokens=8)
-    with pytest.raises(RequestTimeout, match="timeout"):
+    with pytest.raises(RequestTimeout, match="time limit of 1e-09 s"):
         llm.invoke("Hello")
     with pytest.raises(ValueError, match="timeout"):
         ChatPCD(engine=tiny_engine, timeout=0)
@@ -612,5 +594,5 @@ def test_tool_results_in_the_history_reach_the_decision(tiny_engine, monkeypatch
     llm.invoke(history)
     assert 'Called _order_status({"order_id": "5521"})' in seen[-1]
     assert "Tool result (_order_status): Order 5521 shipped on Monday" in seen[-1]
-    with pytest.raises(ValueError, match="expected tool_choice to name one of"):
+    with pytest.raises(ValueError, match=r"tool_choice: expected .* one of \[._order_status.\], but got .nope."):
         ChatPCD(engine=tiny_engine).bind_tools([_order_status], tool_choice="nope")

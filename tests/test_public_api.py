@@ -175,7 +175,17 @@ MODULE_ALL = {
     "pcd_engine.request": ["PHASES", "Request", "prefill"],
     "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"],
     "pcd_engine.lru": ["LRU"],
-    "pcd_engine.calls": ["ANSWER", "Tool", "ToolCall", "ToolDecision", "choice_schema", "decide_tools"],
+    "pcd_engine.calls": [
+        "ANSWER",
+        "Tool",
+        "ToolCall",
+        "ToolDecision",
+        "called_text",
+        "choice_of",
+        "choice_schema",
+        "decide_tools",
+        "tool_result_text",
+    ],
     "pcd_engine.alignment": ["AlignedLines", "align_lines", "common_prefix", "tail_tokens"],
     "pcd_engine.cache": ["CompileCache", "Head"],
     "pcd_engine.schema": [

@@ -1,0 +1,270 @@
+"""Tool decisions against brute force, and real agent loops (LangChain ``create_agent``, LlamaIndex
+``FunctionAgent``) that call a real Python tool, read its result and answer.
+
+The agent loops run on an oracle that reads its context as text (:class:`tests.support.ScriptedLM`): it wants to
+call the tool until a tool result is in the conversation, then to answer; and it wants the order number the user
+gave as the tool's argument. So the loop's path is fixed, and everything on it is real: the frameworks, the
+adapters, the engine's prompts, tries, packing, scoring and generation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel
+
+from pcd_engine import Engine, compile_schema
+from pcd_engine.calls import ANSWER, Tool, choice_schema, decide_tools
+from pcd_engine.prompt import ChatPrompt, TokenizerView
+from tests.support import OracleBackend, OracleLM, ScriptedLM, enumerate_paths, oracle_brute_force
+
+ORDER = "Where is my order 5521? It has not arrived."
+STATUS = Tool(
+    "get_order_status",
+    "Look up the shipping status of an order by its number.",
+    {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+)
+REFUND = Tool(
+    "refund",
+    "Refund an amount of money for an order.",
+    {"type": "object", "properties": {"amount": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": []},
+)
+PING = Tool("ping", "Check that the service is up.")
+
+
+class Ticket(BaseModel):
+    """The state of a customer's order."""
+
+    status: Literal["shipped", "lost", "unknown"]
+    order_id: str
+
+
+# ------------------------------------------------------------------------------------------ brute force
+
+
+def _brute_force(lm: OracleLM, tokenizer: Any, text: str, schema: dict) -> tuple[Any, dict[Any, float]]:
+    """The winner and every option's probability of the schema's one closed field, by scoring each option's
+    whole token path on the oracle (no trie, no packing)."""
+    compiled = compile_schema(schema)
+    (spec,) = compiled.fields
+    prompt = ChatPrompt.build(TokenizerView(tokenizer), compiled)
+    context = prompt.prefix_text + text + prompt.suffix_text
+    winner, probs, _ = oracle_brute_force(lm, enumerate_paths(tokenizer, context, spec), "marginal")
+    return spec.labels[winner].value, {label.value: float(probs[i]) for i, label in enumerate(spec.labels)}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_tool_choice_equals_brute_force(smol_tokenizer, choice):
+    tools = [STATUS, REFUND, PING]
+    for salt in ("a", "b", "c"):
+        lm = OracleLM(len(smol_tokenizer), salt=salt)
+        decision = decide_tools(Engine(OracleBackend(smol_tokenizer, lm)), ORDER, tools, choice=choice)
+        winner, probs = _brute_force(lm, smol_tokenizer, ORDER, choice_schema(tools, choice=choice))
+        assert decision.choice is not None and decision.choice.method == "marginal"
+        assert decision.choice.value == winner
+        assert decision.choice.probability == pytest.approx(probs[winner], abs=1e-9)
+        assert {a.value: a.probability for a in decision.choice.alternatives} == pytest.approx(probs, abs=1e-9)
+        assert [c.name for c in decision.calls] == ([] if winner == ANSWER else [winner])
+
+
+def test_auto_answers_when_answer_wins_and_calls_when_a_tool_wins(smol_tokenizer):
+    """Over many oracles, ``auto`` answers exactly when brute force puts "answer" first, and ``required`` never
+    answers; a called tool's arguments validate against its parameters."""
+    import jsonschema
+
+    tools = [STATUS, REFUND]
+    seen = set()
+    for salt in range(12):
+        lm = OracleLM(len(smol_tokenizer), salt=str(salt))
+        engine = Engine(OracleBackend(smol_tokenizer, lm))
+        winner, _ = _brute_force(lm, smol_tokenizer, ORDER, choice_schema(tools, choice="auto"))
+        decision = decide_tools(engine, ORDER, tools, choice="auto")
+        assert decision.answer == (winner == ANSWER)
+        seen.add(decision.answer)
+        for call in decision.calls:
+            jsonschema.validate(call.arguments, next(t for t in tools if t.name == call.name).parameters)
+        assert not decide_tools(engine, ORDER, tools, choice="required").answer
+    assert seen == {True, False}  # both outcomes were exercised
+
+
+def test_forced_none_and_argumentless_tools_need_no_choice(smol_tokenizer):
+    engine = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer))))
+    assert decide_tools(engine, ORDER, [STATUS, REFUND], choice="none").calls == ()
+    forced = decide_tools(engine, ORDER, [STATUS, REFUND], choice="refund")
+    assert forced.choice is None and [c.name for c in forced.calls] == ["refund"]
+    assert 1 <= forced.calls[0].arguments.get("amount", 1) <= 9
+    only = decide_tools(engine, ORDER, [PING], choice="any")
+    assert only.calls[0].arguments == {} and only.calls[0].result is None
+
+
+# ------------------------------------------------------------------------------------------ agent loops
+
+
+def _wants(final: str):
+    """What the scripted model wants to write: the tool until its result is in the conversation, then
+    ``final`` (as the one next step, or as the tool's flag of a parallel choice); the user's order number as the
+    argument; the status the tool reported."""
+
+    def wants(text: str) -> dict[str, Any]:
+        done = "Tool result (get_order_status)" in text
+        out: dict[str, Any] = {"next": final if done else "get_order_status", "get_order_status": not done}
+        number = re.search(r"order (\d+)", text)
+        if number:
+            out["order_id"] = number.group(1)
+        if "shipped" in text:
+            out["status"] = "shipped"
+        return out
+
+    return wants
+
+
+def _scripted(tokenizer: Any, final: str) -> Engine:
+    return Engine(OracleBackend(tokenizer, ScriptedLM(tokenizer, _wants(final))))
+
+
+@pytest.mark.parametrize("strategy", [None, "tool", "provider"])
+def test_langchain_agent_calls_the_tool_reads_the_result_and_answers(smol_tokenizer, strategy):
+    from langchain.agents import create_agent
+    from langchain.agents.structured_output import ProviderStrategy, ToolStrategy
+    from langchain_core.callbacks import BaseCallbackHandler
+    from langchain_core.messages import AIMessage, ToolMessage
+    from langchain_core.tools import tool
+
+    from pcd_integrations.langchain import ChatPCD
+
+    looked_up: list[str] = []
+
+    @tool
+    def get_order_status(order_id: str) -> str:
+        """Look up the shipping status of an order by its number."""
+        looked_up.append(order_id)
+        return f"Order {order_id} shipped on Monday and arrives Friday."
+
+    class Counter(BaseCallbackHandler):
+        model_calls = 0
+
+        def on_chat_model_start(self, *args: Any, **kwargs: Any) -> None:
+            Counter.model_calls += 1
+
+    fmt = {None: None, "tool": ToolStrategy(Ticket), "provider": ProviderStrategy(Ticket)}[strategy]
+    engine = _scripted(smol_tokenizer, "Ticket" if strategy == "tool" else ANSWER)
+    agent = create_agent(ChatPCD(engine=engine, max_tokens=6), tools=[get_order_status], response_format=fmt)
+    out = agent.invoke({"messages": [("user", ORDER)]}, {"callbacks": [Counter()], "recursion_limit": 10})
+
+    assert looked_up == ["5521"]  # one tool call, with the number the user gave
+    assert Counter.model_calls == 2  # the call, then the answer after reading the result
+    kinds = [type(m).__name__ for m in out["messages"]]
+    assert kinds[:3] == ["HumanMessage", "AIMessage", "ToolMessage"]
+    call = out["messages"][1]
+    assert call.tool_calls[0]["name"] == "get_order_status"
+    assert call.response_metadata["pcd"]["tool_choice"]["value"] == "get_order_status"
+    assert isinstance(out["messages"][2], ToolMessage) and "shipped" in out["messages"][2].content
+    if strategy is None:
+        assert isinstance(out["messages"][-1], AIMessage) and not out["messages"][-1].tool_calls
+    else:
+        assert out["structured_response"] == Ticket(status="shipped", order_id="5521")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_llamaindex_function_agent_calls_the_tool_reads_the_result_and_answers(smol_tokenizer, streaming, monkeypatch):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.tools import FunctionTool
+
+    import pcd_integrations.llamaindex as adapter
+
+    looked_up: list[str] = []
+
+    def get_order_status(order_id: str) -> str:
+        """Look up the shipping status of an order by its number."""
+        looked_up.append(order_id)
+        return f"Order {order_id} shipped on Monday and arrives Friday."
+
+    decisions: list[str] = []
+    real = adapter.decide_tools
+
+    def counting(engine: Engine, text: str, tools: Any, **kwargs: Any) -> Any:
+        decided = real(engine, text, tools, **kwargs)
+        decisions.append("answer" if decided.answer else decided.calls[0].name)
+        return decided
+
+    monkeypatch.setattr(adapter, "decide_tools", counting)
+    llm = adapter.PCDLLM(engine=_scripted(smol_tokenizer, ANSWER), max_tokens=6)
+    agent = FunctionAgent(
+        tools=[FunctionTool.from_defaults(get_order_status)], llm=llm, output_cls=Ticket, streaming=streaming
+    )
+
+    async def run() -> Any:
+        return await agent.run(user_msg=ORDER)
+
+    out = asyncio.run(run())
+
+    assert looked_up == ["5521"]
+    assert decisions == ["get_order_status", "answer"]  # two model turns: the call, then the answer
+    assert [c.tool_name for c in out.tool_calls] == ["get_order_status"]
+    assert "shipped" in str(out.tool_calls[0].tool_output.content)
+    assert Ticket.model_validate(out.structured_response) == Ticket(status="shipped", order_id="5521")
+
+
+def test_llamaindex_function_calling_api(smol_tokenizer):
+    """``chat_with_tools`` replies with tool-call blocks carrying ids and the choice's evidence;
+    ``predict_and_call`` runs the real function; ``tool_required`` and a named ``tool_choice`` reach the decision;
+    with the result in the history the model answers, and ``error_on_no_tool_call`` is honoured."""
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.base.llms.types import ChatMessage, ToolCallBlock
+    from llama_index.core.tools import FunctionTool
+
+    from pcd_integrations.llamaindex import PCDLLM
+
+    def get_order_status(order_id: str) -> str:
+        """Look up the shipping status of an order by its number."""
+        return f"Order {order_id} shipped on Monday and arrives Friday."
+
+    def refund(amount: int) -> str:
+        """Refund an amount of money for an order."""
+        return f"Refunded {amount}."
+
+    tools = [FunctionTool.from_defaults(get_order_status), FunctionTool.from_defaults(refund)]
+    llm = PCDLLM(engine=_scripted(smol_tokenizer, ANSWER), max_tokens=4)
+    assert llm.metadata.is_function_calling_model and llm.metadata.is_chat_model
+
+    reply = llm.chat_with_tools(tools, user_msg=ORDER)
+    (block,) = [b for b in reply.message.blocks if isinstance(b, ToolCallBlock)]
+    assert block.tool_name == "get_order_status" and block.tool_kwargs == {"order_id": "5521"}
+    assert block.tool_call_id and block.tool_call_id.startswith("call_")
+    evidence = reply.additional_kwargs["pcd"]["tool_choice"]
+    assert evidence["value"] == "get_order_status" and set(dict(evidence["alternatives"])) == {
+        "get_order_status",
+        "refund",
+        ANSWER,
+    }
+    (selection,) = llm.get_tool_calls_from_response(reply)
+    assert (selection.tool_id, selection.tool_name, selection.tool_kwargs) == (
+        block.tool_call_id,
+        "get_order_status",
+        {"order_id": "5521"},
+    )
+
+    called = llm.predict_and_call(tools, user_msg=ORDER)
+    assert called.response == "Order 5521 shipped on Monday and arrives Friday."
+
+    forced = llm.chat_with_tools(tools, user_msg=ORDER, tool_choice="refund")
+    assert [s.tool_name for s in llm.get_tool_calls_from_response(forced)] == ["refund"]
+    required = llm.chat_with_tools(tools, user_msg=ORDER, tool_required=True)
+    assert required.additional_kwargs["pcd"]["tool_choice"]["value"] in ("get_order_status", "refund")
+    assert ANSWER not in dict(required.additional_kwargs["pcd"]["tool_choice"]["alternatives"])
+
+    history = [ChatMessage(role="user", content=ORDER), reply.message]
+    history.append(
+        ChatMessage(role="tool", content=called.response, additional_kwargs={"tool_call_id": block.tool_call_id})
+    )
+    answered = llm.chat_with_tools(tools, chat_history=history)
+    assert not answered.message.blocks or not any(isinstance(b, ToolCallBlock) for b in answered.message.blocks)
+    assert llm.get_tool_calls_from_response(answered, error_on_no_tool_call=False) == []
+    with pytest.raises(ValueError, match="expected a tool call"):
+        llm.get_tool_calls_from_response(answered)
+    with pytest.raises(ValueError, match="tool_choice: expected"):
+        llm.chat_with_tools(tools, user_msg=ORDER, tool_choice="search")
