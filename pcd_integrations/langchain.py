@@ -266,6 +266,16 @@ class ChatPCD(BaseChatModel):
             self.engine = shared_engine(self.model, self.backend)
         return self.engine
 
+    def _override(self, kwargs: dict[str, Any]) -> ChatPCD | None:
+        """A call's own ``model=`` (LangChain's per-call override): this chat model on that model, loaded by name
+        like the constructor's (shared per process); ``None`` when the call names no other model. A structured
+        batch under an override decides its inputs one by one."""
+        name = kwargs.pop("model", None)
+        if name is None or name == self.model_name:
+            return None
+        kwargs.pop("pcd_batch", None)
+        return self.model_copy(update={"model": str(name), "engine": None})
+
     # ------------------------------------------------------------------------------------------ free text
 
     def _generate(
@@ -275,6 +285,9 @@ class ChatPCD(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        other = self._override(kwargs)
+        if other is not None:
+            return other._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
         tools: _Tools | None = kwargs.pop("pcd_tools", None)
         if tools is not None:
             decided = self._tool_reply(messages, tools)
@@ -308,6 +321,10 @@ class ChatPCD(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        other = self._override(kwargs)
+        if other is not None:
+            yield from other._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
+            return
         tools: _Tools | None = kwargs.pop("pcd_tools", None)
         if tools is not None:
             decided = self._tool_reply(messages, tools)

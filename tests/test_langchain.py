@@ -298,6 +298,20 @@ class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests)
     def structured_output_kwargs(self) -> dict:
         return {"method": "json_schema"}
 
+    @property
+    def supports_json_mode(self) -> bool:
+        return True  # with_structured_output(method="json_mode") is answered by the engine like any method
+
+    @property
+    def supports_model_override(self) -> bool:
+        return True
+
+    @property
+    def model_override_value(self) -> str:
+        from pcd_engine.models import default_model_path
+
+        return str(default_model_path())  # the same weights named by folder: a second engine, loaded by name
+
 
 @pytest.mark.real_model
 def test_pydantic_v1_schema(llm):
@@ -596,3 +610,17 @@ def test_tool_results_in_the_history_reach_the_decision(tiny_engine, monkeypatch
     assert "Tool result (_order_status): Order 5521 shipped on Monday" in seen[-1]
     with pytest.raises(ValueError, match=r"tool_choice: expected .* one of \[._order_status.\], but got .nope."):
         ChatPCD(engine=tiny_engine).bind_tools([_order_status], tool_choice="nope")
+
+
+def test_a_calls_model_overrides_the_chat_models(tiny_engine, monkeypatch):
+    import pcd_integrations.langchain as adapter
+
+    loaded = []
+    monkeypatch.setattr(adapter, "shared_engine", lambda model, backend: loaded.append((model, backend)) or tiny_engine)
+    llm = ChatPCD(engine=tiny_engine, max_tokens=3)
+    assert llm.invoke("Hi").response_metadata["model_name"] == "smollm2-135m" and loaded == []
+    reply = llm.invoke("Hi", model="other-model")
+    assert reply.response_metadata["model_name"] == "other-model" and loaded == [("other-model", "auto")]
+    structured = llm.with_structured_output(TicketDict).invoke(TICKET, model="third-model")
+    assert set(structured) == {"wants_refund", "topic"} and loaded[-1] == ("third-model", "auto")
+    assert llm.model is None and llm.engine is tiny_engine  # the chat model itself is unchanged
