@@ -195,6 +195,7 @@ def decide_tools(
     choice: Choice = "auto",
     parallel: bool = False,
     options: ExtractOptions | Mapping[str, Any] | None = None,
+    **extract: Any,
 ) -> ToolDecision:
     """Decide which tools to call on ``text`` (the conversation so far), then fill each call's arguments.
 
@@ -205,6 +206,7 @@ def decide_tools(
         choice: ``"auto"``, ``"required"`` (``"any"`` is accepted too), ``"none"``, or a tool's name (forced).
         parallel: Let the model call several tools at once.
         options: Extraction options for every call.
+        **extract: Passed to every :meth:`~pcd_engine.Engine.extract` call (``limits``, ``cancelled``).
 
     Returns:
         The calls (none when the model answers) and the evidence of the choice.
@@ -220,22 +222,28 @@ def decide_tools(
     if choice not in ("auto", "required"):
         if choice not in by_name:
             raise OptionError(f"tool_choice: expected one of {list(by_name)}, but got {choice!r}.")
-        return ToolDecision((_call(engine, text, by_name[choice], options),), None)
+        return ToolDecision((_call(engine, text, by_name[choice], options, extract),), None)
     if choice == "required" and len(tools) == 1 and not parallel:
-        return ToolDecision((_call(engine, text, tools[0], options),), None)
-    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), options)
+        return ToolDecision((_call(engine, text, tools[0], options, extract),), None)
+    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), options, **extract)
     evidence = decided.fields["tools" if parallel else "next"]
     chosen = list(evidence.value) if parallel else [evidence.value]
     names = [t.name for t in tools if t.name in chosen]
-    return ToolDecision(tuple(_call(engine, text, by_name[n], options) for n in names), evidence)
+    return ToolDecision(tuple(_call(engine, text, by_name[n], options, extract) for n in names), evidence)
 
 
-def _call(engine: Engine, text: str, tool: Tool, options: ExtractOptions | Mapping[str, Any] | None) -> ToolCall:
+def _call(
+    engine: Engine,
+    text: str,
+    tool: Tool,
+    options: ExtractOptions | Mapping[str, Any] | None,
+    extract: Mapping[str, Any],
+) -> ToolCall:
     """Fill one tool's arguments from the conversation."""
     if not tool.parameters.get("properties"):
         return ToolCall(tool.name, {}, None)
     schema = {"title": tool.name, **dict(tool.parameters)}
     if tool.description and "description" not in schema:
         schema["description"] = tool.description
-    result = engine.extract(text, schema, options)
+    result = engine.extract(text, schema, options, **extract)
     return ToolCall(tool.name, dict(result.values), result)

@@ -366,3 +366,27 @@ def test_serve_builds_the_app_and_runs_uvicorn_on_loopback(capsys, tiny, monkeyp
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
     paths = set(seen["app"].openapi()["paths"])
     assert {"/", "/api/extract", "/api/presets", "/api/baseline", "/v1/models", "/v1/chat/completions"} <= paths
+
+
+def test_serve_takes_an_api_key_and_warns_on_an_open_public_address(capsys, tiny, monkeypatch):
+    pytest.importorskip("uvicorn")
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(app=app, **kwargs))
+    monkeypatch.delenv("PCD_API_KEY", raising=False)
+    code, _, err = run(capsys, "serve", tiny, "--host", "0.0.0.0", "--backend", "torch", "-q")
+    assert code == 0 and "without an API key" in err
+    assert TestClient(seen["app"], base_url="http://localhost").get("/v1/models").status_code == 200
+    code, _, err = run(capsys, "serve", tiny, "--host", "0.0.0.0", "--api-key", "k1", "--backend", "torch", "-q")
+    assert code == 0 and "without an API key" not in err
+    client = TestClient(seen["app"], base_url="http://localhost")
+    assert client.get("/v1/models").status_code == 401
+    names = [m["id"] for m in client.get("/v1/models", headers={"Authorization": "Bearer k1"}).json()["data"]]
+    assert names[0] == tiny and "default" in names
+    monkeypatch.setenv("PCD_API_KEY", "k2")
+    run(capsys, "serve", tiny, "--backend", "torch", "-q")
+    client = TestClient(seen["app"], base_url="http://localhost")
+    assert client.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
+    assert client.post("/api/extract", json={}).status_code == 401

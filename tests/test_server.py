@@ -196,7 +196,7 @@ def test_official_openai_client(live, default_engine):
     import openai
 
     client = openai.OpenAI(base_url=f"{live}/v1", api_key="not-needed", max_retries=0)
-    assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.id for m in client.models.list()] == [MODEL, "default"]
     completion = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": TEXT}],

@@ -259,7 +259,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_generated_tokens=args.max_generated_tokens or None,
         time_limit_s=args.time_limit or None,
     )
+    api_key = args.api_key or os.environ.get("PCD_API_KEY") or None
+    loopback = args.host in ("localhost", "127.0.0.1", "::1")
+    if not loopback and not api_key:
+        print(
+            f"pcd: warning: serving on {args.host} (not loopback) without an API key: anyone who can reach this "
+            "address can use the model. Pass --api-key or set PCD_API_KEY.",
+            file=sys.stderr,
+        )
     engine = _engine(args)
+    from pcd_engine.models import resolve_model
+
+    given = None if args.model in ("default", DEFAULT_MODEL) else args.model
     app = create_app(
         engine,
         model_name=args.name or args.model,
@@ -267,6 +278,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         host=args.host,
         allowed_hosts=args.allow_host,
+        aliases=[args.model, resolve_model(given, backend=engine.backend.name)],
+        api_key=api_key,
     )
     if not args.quiet:
         print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
@@ -381,6 +394,12 @@ def _add_serve(sub: Any) -> None:
     )
     p.add_argument(
         "--allow-host", action="append", default=[], metavar="NAME", help="another Host name to accept (repeatable)"
+    )
+    p.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on /v1 and /api (default: $PCD_API_KEY; none: open)",
     )
     p.set_defaults(func=cmd_serve)
 

@@ -21,14 +21,14 @@ from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
 from pcd_engine.schema import Schema
-from pcd_engine.tools.serve.errors import HTTPError, install_handlers
+from pcd_engine.tools.serve.errors import HTTPError, error_response, install_handlers
 
 if TYPE_CHECKING:
     from fastapi import Request
 
     from pcd_engine.engine import Engine
 
-__all__ = ["LOOPBACK", "HostCheck", "Server", "create_app", "header_timeout_protocol"]
+__all__ = ["LOOPBACK", "HostCheck", "KeyCheck", "Server", "create_app", "header_timeout_protocol"]
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
 INSTALL = "pip install 'pcd[serve]'"
@@ -40,11 +40,12 @@ class Server:
 
     Attributes:
         engine: A loaded engine (thread-safe; requests run in worker threads).
-        model_name: The model id that ``/v1/models`` lists and ``/v1/chat/completions`` accepts.
+        model_name: The model id that replies name; ``/v1/models`` lists it first.
         max_body_bytes: Larger request bodies get 413.
         max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
         limits: What one extraction may ask for (labels, generated tokens, seconds).
         body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+        aliases: Other names requests may use for the model (``default``, the alias, the folder).
     """
 
     engine: Engine
@@ -53,6 +54,22 @@ class Server:
     max_new_tokens: int
     limits: RequestLimits
     body_timeout_s: float
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name ``/v1`` accepts for the model, the reply's name first."""
+        return tuple(dict.fromkeys((self.model_name, *self.aliases, "default")))
+
+    def check_model(self, name: Any) -> None:
+        """Accept any of :attr:`model_names` (and no model at all, as local servers do).
+
+        Raises:
+            HTTPError: 404 naming the accepted names.
+        """
+        if name is not None and name not in self.model_names:
+            message = f"Model {name!r}: expected one of {list(self.model_names)} (the names of the served model)."
+            raise HTTPError(404, "model_not_found", message, param="model")
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The request's JSON object, read within the size and time limits.
@@ -148,6 +165,8 @@ def create_app(
     body_timeout_s: float = 10.0,
     host: str | None = None,
     allowed_hosts: Sequence[str] = (),
+    aliases: Sequence[str] = (),
+    api_key: str | None = None,
 ) -> Any:
     """Build the ASGI app around a loaded engine.
 
@@ -161,6 +180,9 @@ def create_app(
         body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
         host: The address the server is bound to; requests may name it in their ``Host`` header.
         allowed_hosts: More host names requests may use (a reverse proxy's name); loopback names always work.
+        aliases: Other names ``/v1`` accepts for the model (``default`` always works).
+        api_key: When set, ``/v1`` and ``/api`` requests must carry ``Authorization: Bearer <api_key>`` (401
+            otherwise); the page itself stays open.
 
     Returns:
         A FastAPI application.
@@ -172,8 +194,10 @@ def create_app(
     from pcd_engine.tools.serve.openai_api import openai_router
     from pcd_engine.tools.serve.page_api import page_router
 
-    server = Server(engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s)
+    server = Server(engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases))
     app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
+    if api_key:
+        app.add_middleware(KeyCheck, key=api_key)
     hosts = {h.lower().strip("[]") for h in (*LOOPBACK, *allowed_hosts, *([host] if host else []))}
     app.add_middleware(HostCheck, hosts=frozenset(hosts - {"0.0.0.0", "::"}))
     install_handlers(app)
@@ -260,5 +284,29 @@ class HostCheck:
                 )
                 body = {"error": {"type": "misdirected_request", "message": message}}
                 await JSONResponse(body, status_code=421)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class KeyCheck:
+    """ASGI middleware: requests to ``/v1/`` and ``/api/`` must carry ``Authorization: Bearer <key>`` (401 in
+    the API's error shape otherwise). The page and ``/docs`` stay open: they hold no data.
+    """
+
+    def __init__(self, app: Any, *, key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        import hmac
+
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path.startswith(("/v1/", "/api/")):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                what = "a wrong key" if given else "none"
+                message = f"Authorization: expected 'Bearer <the server's API key>', but got {what}."
+                error = HTTPError(401, "invalid_api_key", message)
+                await error_response(path, error)(scope, receive, send)
                 return
         await self.app(scope, receive, send)

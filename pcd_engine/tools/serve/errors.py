@@ -71,11 +71,24 @@ def error_response(path: str, exc: HTTPError) -> Any:
 
 
 def install_handlers(app: Any) -> None:
-    """Answer every exception a route raises with :func:`error_response`."""
+    """Answer every exception a route raises with :func:`error_response`, and unknown routes and methods (404,
+    405) in the same shape, naming the route."""
     from fastapi import Request
+    from starlette.exceptions import HTTPException
 
     async def handle(request: Request, exc: Exception) -> Any:
         return error_response(request.url.path, as_http(exc))
 
+    async def routing(request: Request, exc: HTTPException) -> Any:
+        route = f"{request.method} {request.url.path}"
+        if exc.status_code == 404:
+            refusal = HTTPError(404, "not_found", f"Route: no route {route}; see /docs for the routes pcd serves.")
+        elif exc.status_code == 405:
+            refusal = HTTPError(405, "method_not_allowed", f"Route: {route} is not allowed; see /docs.")
+        else:
+            refusal = HTTPError(exc.status_code, "http_error", str(exc.detail))
+        return error_response(request.url.path, refusal)
+
+    app.add_exception_handler(HTTPException, routing)
     for kind in (HTTPError, PCDError, Exception):
         app.add_exception_handler(kind, handle)

@@ -52,17 +52,26 @@ class BaselineRequest(ExtractRequest):
 
 
 class ChatCompletionRequest(BaseModel):
-    """``POST /v1/chat/completions``: the fields pcd reads (others are accepted as OpenAI clients send them).
+    """``POST /v1/chat/completions``: every field OpenAI defines is either honoured or refused by name.
 
     Attributes:
-        model: The model id; it must be the served one.
-        messages: The conversation (checked message by message, for messages that name the index).
-        response_format: ``{"type": "json_schema", ...}`` or ``{"type": "text"}``.
+        model: The model id; any name in ``/v1/models``.
+        messages: The conversation (checked message by message, for messages that name the index): system,
+            developer, user, assistant (with ``tool_calls``) and tool turns, text content only.
+        response_format: ``{"type": "json_schema", ...}``, ``{"type": "json_object"}`` or ``{"type": "text"}``.
+        tools: Function tools; which one to call is the engine's scored decision (see :mod:`pcd_engine.calls`).
+        tool_choice: ``"auto"``, ``"required"``, ``"none"`` or ``{"type": "function", "function": {"name": ...}}``.
+        parallel_tool_calls: Let the model call several tools at once (each tool called or not); default true.
         stream: Answer as Server-Sent Events.
-        temperature: Reshapes the reported probabilities when positive.
+        stream_options: ``{"include_usage": true}`` sends a last chunk with the usage.
+        temperature: Reshapes the reported probabilities when positive; free text is greedy.
         max_tokens: Token limit (per generated value for a schema; of the reply for free text).
         max_completion_tokens: The newer name of ``max_tokens``; it wins.
         stop: Stop strings for free text.
+        n: How many choices; pcd's answer is deterministic, so only 1.
+        seed: Accepted: greedy decoding gives the same answer for every seed.
+        top_p: Accepted: the greedy token is inside every nucleus.
+        user: An end-user id, accepted (pcd keeps no per-user state).
         pcd: pcd options (see :class:`~pcd_engine.options.ExtractOptions`).
     """
 
@@ -71,17 +80,66 @@ class ChatCompletionRequest(BaseModel):
     model: Any = None
     messages: Any = None
     response_format: Any = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
     stream: bool = False
+    stream_options: dict[str, Any] | None = None
     temperature: Any = None
     max_tokens: StrictInt | None = None
     max_completion_tokens: StrictInt | None = None
     stop: str | list[str] | None = None
+    n: StrictInt | None = None
+    seed: int | None = None
+    top_p: float | None = None
+    user: str | None = None
     pcd: dict[str, Any] | None = None
 
     @property
     def token_limit(self) -> int | None:
         """``max_completion_tokens``, else ``max_tokens``."""
         return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed reply ends with a usage chunk."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def refused(self) -> tuple[str, str] | None:
+        """The first field pcd cannot honour, with why: ``(field, message)``; ``None`` when every field is
+        honoured. A field left at its neutral value (``n=1``, ``logprobs=false``, zero penalties, ...) is fine."""
+        if self.n not in (None, 1):
+            return "n", f"n: expected 1, but got {self.n}; pcd's answer is deterministic, so every choice is the same."
+        extra = self.model_extra or {}
+        for name, neutral, why in _REFUSED:
+            if name in extra and extra[name] not in neutral:
+                return name, f"{name}: {why}, but got {extra[name]!r}."
+        known = {name for name, _, _ in _REFUSED} | _ACCEPTED
+        for name in extra:
+            if name not in known:
+                return name, f"{name}: not a chat completion field pcd knows; remove it, or pass pcd options in 'pcd'."
+        return None
+
+
+# Fields pcd cannot honour beyond their neutral values: (name, neutral values, what pcd does instead).
+_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("logprobs", (None, False), "pcd returns per-field evidence in the 'pcd' field, not token logprobs"),
+    ("top_logprobs", (None, 0), "pcd returns per-field evidence in the 'pcd' field, not token logprobs"),
+    ("presence_penalty", (None, 0, 0.0), "expected 0; pcd decodes greedily without penalties"),
+    ("frequency_penalty", (None, 0, 0.0), "expected 0; pcd decodes greedily without penalties"),
+    ("logit_bias", (None, {}), "expected none; pcd scores the allowed values as the model gives them"),
+    ("modalities", (None, ["text"]), "expected ['text']; pcd answers in text"),
+    ("audio", (None,), "expected none; pcd answers in text"),
+    ("prediction", (None,), "expected none; pcd has no predicted-output decoding"),
+    ("functions", (None,), "expected none; pass 'tools' instead of the legacy 'functions'"),
+    ("function_call", (None,), "expected none; pass 'tool_choice' instead of the legacy 'function_call'"),
+    ("web_search_options", (None,), "expected none; pcd runs a local model without web search"),
+    ("reasoning_effort", (None,), "expected none; pcd has no reasoning mode"),
+    ("store", (None, False), "expected false; pcd stores no completions"),
+    ("verbosity", (None,), "expected none; the length of free text is set by max_tokens"),
+)
+# Fields that need nothing from pcd: identifiers and routing hints for hosted services.
+_ACCEPTED = {"metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
 
 
 _EXPECTED = {
@@ -93,6 +151,11 @@ _EXPECTED = {
     "stop": "a string or a list of strings",
     "pcd": "an object of pcd options",
     "stream": "true or false",
+    "tools": "a list of tool objects",
+    "tool_choice": "'auto', 'required', 'none' or a named function",
+    "parallel_tool_calls": "true or false",
+    "stream_options": "an object",
+    "n": "an integer",
 }
 
 

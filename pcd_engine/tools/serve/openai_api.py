@@ -4,6 +4,16 @@ A ``response_format`` of type ``json_schema`` is answered by the engine (closed 
 generated under their schema): the content is the JSON object, and per-field evidence is in the extra top-level
 field ``pcd``. A schema pcd cannot constrain (``Any``, free-form objects, recursion) is a 400 with an OpenAI-style
 error body; without a ``response_format`` (or with type ``text``) the reply is free text.
+
+``tools`` are answered by the engine's tool decision (:func:`pcd_engine.calls.decide_tools`, the mechanism behind
+``ChatPCD.bind_tools``): which tool to call (or, under ``tool_choice="auto"``, whether to answer instead) is one
+scored question over the conversation, tool calls and tool results included; the chosen tools' arguments are
+filled as their schemas, so every call names a real tool and its arguments validate. The reply carries
+``message.tool_calls`` with ids and JSON arguments, ``finish_reason="tool_calls"``, and the choice's
+probabilities in ``pcd``.
+
+Nothing is silently ignored: a field pcd cannot honour is a 400 naming it (see
+:meth:`~pcd_engine.tools.serve.models.ChatCompletionRequest.refused`).
 """
 
 from __future__ import annotations
@@ -12,15 +22,16 @@ import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from pcd_engine.calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
 from pcd_engine.chat import ChatMessage, document_text, stream_chat
-from pcd_engine.errors import SchemaError
+from pcd_engine.errors import OptionError, SchemaError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.serve.app import Server
@@ -37,21 +48,20 @@ def openai_router(server: Server) -> APIRouter:
 
     @router.get("/v1/models")
     async def models() -> Any:
-        entry = {"id": server.model_name, "object": "model", "created": created, "owned_by": "pcd"}
-        return {"object": "list", "data": [entry]}
+        entries = [{"id": n, "object": "model", "created": created, "owned_by": "pcd"} for n in server.model_names]
+        return {"object": "list", "data": entries}
 
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Any:
         body = parse_body(ChatCompletionRequest, await server.read_json(request))
-        if body.model != server.model_name:
-            message = f"Model {body.model!r}: this server serves {server.model_name!r}."
-            raise HTTPError(404, "model_not_found", message, param="model")
+        server.check_model(body.model)
+        refused = body.refused()
+        if refused is not None:
+            raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
         messages = _messages(body.messages)
         fmt = body.response_format or {"type": "text"}
         kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind == "json_schema":
-            return await _json_schema_reply(server, request, body, messages, fmt)
-        if kind not in ("text", None):
+        if kind not in ("json_schema", "text", None):
             raise HTTPError(
                 400,
                 "unsupported_response_format",
@@ -59,9 +69,80 @@ def openai_router(server: Server) -> APIRouter:
                 f"{kind!r}; pcd decides against a schema, so 'json_object' without one cannot be answered.",
                 param="response_format",
             )
+        if body.tools:
+            decision = await _decide_tools(server, request, body, messages)
+            if not decision.answer:
+                return _tool_calls_reply(server, body, decision)
+        if kind == "json_schema":
+            return await _json_schema_reply(server, request, body, messages, fmt)
         return await _text_reply(server, body, messages)
 
     return router
+
+
+def _tools(body: ChatCompletionRequest) -> list[Tool]:
+    """The request's function tools.
+
+    Raises:
+        HTTPError: 400 for a tool that is not a function with a name, or parameters that are not an object.
+    """
+    out = []
+    for i, raw in enumerate(body.tools or []):
+        function = raw.get("function") if raw.get("type") == "function" else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            message = f"tools[{i}]: expected {{'type': 'function', 'function': {{'name': ...}}}}, but got {raw!r}."
+            raise HTTPError(400, "invalid_request", message, param="tools")
+        parameters = function.get("parameters") or {}
+        if not isinstance(parameters, dict):
+            message = f"tools[{i}].function.parameters: expected a JSON Schema object, but got {parameters!r}."
+            raise HTTPError(400, "invalid_request", message, param="tools")
+        out.append(Tool(function["name"], function.get("description"), parameters))
+    return out
+
+
+async def _decide_tools(
+    server: Server, request: Request, body: ChatCompletionRequest, messages: list[ChatMessage]
+) -> ToolDecision:
+    """The engine's decision: which tools to call, with their arguments, or to answer."""
+    tools = _tools(body)
+    try:
+        choice = choice_of(body.tool_choice, [t.name for t in tools])
+    except OptionError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param="tool_choice") from None
+    parallel = body.parallel_tool_calls is not False and len(tools) > 1
+    document = document_text([m.content for m in messages])
+    try:
+        decision: ToolDecision = await server.run_engine(
+            request, decide_tools, server.engine, document, tools, choice=choice, parallel=parallel,
+            options=_call_options(server, body), limits=server.limits,
+        )  # fmt: skip
+    except SchemaError as exc:
+        raise HTTPError(400, "unsupported_schema", str(exc), param="tools") from None
+    return decision
+
+
+def _tool_calls_reply(server: Server, body: ChatCompletionRequest, decision: ToolDecision) -> Any:
+    """The decided calls as OpenAI ``tool_calls`` (ids, JSON arguments), ``finish_reason="tool_calls"``."""
+    arguments = [json.dumps(c.arguments, ensure_ascii=False) for c in decision.calls]
+    calls: list[dict[str, Any]] = [
+        {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": c.name, "arguments": a}}
+        for c, a in zip(decision.calls, arguments, strict=True)
+    ]
+    results = [c.result for c in decision.calls if c.result is not None]
+    prompt = max((r.stats.prompt_tokens for r in results), default=0)
+    completion = sum(len(server.engine.tokenizer.encode(a)) for a in arguments)
+    extra = {"pcd": decision.evidence()}
+    usage = _usage(prompt, completion)
+    completion_id = _completion_id()
+    if body.stream:
+        delta = {"role": "assistant", "content": None, "tool_calls": [{"index": i, **c} for i, c in enumerate(calls)]}
+        events = [
+            _event(completion_id, server.model_name, delta, None),
+            _event(completion_id, server.model_name, {}, "tool_calls", extra),
+        ]
+        return _stream_response(events, completion_id, server.model_name, usage if body.include_usage else None)
+    message = {"role": "assistant", "content": None, "refusal": None, "tool_calls": calls}
+    return _completion(completion_id, server.model_name, message, "tool_calls", usage, extra)
 
 
 def _call_options(server: Server, body: ChatCompletionRequest) -> ExtractOptions:
@@ -96,7 +177,16 @@ async def _json_schema_reply(
     completion_tokens = len(server.engine.tokenizer.encode(content))
     pcd = {k: v for k, v in result.to_json().items() if k != "values"}
     usage = _usage(result.stats.prompt_tokens, completion_tokens)
-    return _reply(_completion_id(), server.model_name, content, "stop", usage, stream=body.stream, extra={"pcd": pcd})
+    return _reply(
+        _completion_id(),
+        server.model_name,
+        content,
+        "stop",
+        usage,
+        stream=body.stream,
+        include_usage=body.include_usage,
+        extra={"pcd": pcd},
+    )
 
 
 async def _text_reply(server: Server, body: ChatCompletionRequest, messages: list[ChatMessage]) -> Any:
@@ -111,7 +201,7 @@ async def _text_reply(server: Server, body: ChatCompletionRequest, messages: lis
     completion_id = _completion_id()
     if body.stream:
         rest = itertools.chain([first], chunks)
-        events = _sse_chunks(completion_id, server.model_name, rest)
+        events = _sse_chunks(completion_id, server.model_name, rest, include_usage=body.include_usage)
         return StreamingResponse(iterate_in_threadpool(events), media_type="text/event-stream")
     pieces = [first, *await run_in_threadpool(list, chunks)]
     last = pieces[-1]
@@ -125,20 +215,68 @@ def _completion_id() -> str:
 
 
 def _messages(raw: Any) -> list[ChatMessage]:
+    """The conversation as chat turns: an assistant turn's ``tool_calls`` and a tool turn's result are labelled
+    text (the result by the name of the call it answers), as :mod:`pcd_engine.calls` reads them.
+
+    Raises:
+        HTTPError: 400 for a message without a role, content that is not text (images, audio, files), or an
+            unknown role.
+    """
     if not isinstance(raw, list) or not raw:
         raise HTTPError(400, "invalid_request", "messages: expected a non-empty list.", param="messages")
+    names: dict[str, str] = {}
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise HTTPError(400, "invalid_request", f"messages[{i}]: expected an object with a role.", param="messages")
+        role = m["role"]
+        if role not in _ROLES:
+            message = f"messages[{i}].role: expected one of {sorted(_ROLES)}, but got {role!r}."
+            raise HTTPError(400, "invalid_request", message, param="messages")
         content = m.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        if isinstance(content, list):
+            content = "".join(_text_part(i, j, p) for j, p in enumerate(content))
+        if content is None and (role == "assistant" and m.get("tool_calls")):
+            content = ""
         if not isinstance(content, str):
             raise HTTPError(400, "invalid_request", f"messages[{i}].content: expected text.", param="messages")
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append(ChatMessage(role, content))
+        calls = [c.get("function") or {} for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+        names.update({str(c.get("id")): str((c.get("function") or {}).get("name")) for c in m.get("tool_calls") or []})
+        if calls:
+            made = called_text([(str(c.get("name")), _arguments(c.get("arguments"))) for c in calls])
+            content = "\n".join(t for t in (content, made) if t)
+        if role == "tool":
+            call_id = str(m.get("tool_call_id", ""))
+            content = tool_result_text(names.get(call_id) or str(m.get("name") or call_id or "tool"), content)
+        out.append(ChatMessage(_ROLES[role], content))
     return out
+
+
+# OpenAI roles as chat-template roles: tool results reach the model as user turns (labelled).
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
+
+
+def _text_part(i: int, j: int, part: Any) -> str:
+    """A content part's text.
+
+    Raises:
+        HTTPError: 400 for a part that is not text: pcd reads text only, and does not drop the rest silently.
+    """
+    if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+        return str(part["text"])
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    message = f"messages[{i}].content[{j}]: expected a text part, but got {kind!r}; pcd reads text only."
+    raise HTTPError(400, "unsupported_content", message, param="messages")
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    """A past call's arguments (OpenAI sends them as a JSON string)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            return {"arguments": raw}
+    return raw if isinstance(raw, dict) else {}
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -153,17 +291,28 @@ def _reply(
     usage: dict[str, int],
     *,
     stream: bool = False,
+    include_usage: bool = False,
     extra: dict[str, Any] | None = None,
 ) -> Any:
+    """A whole answer, as one completion or as a stream of two events (the content, then the finish)."""
     if stream:
-
-        async def one() -> AsyncIterator[str]:
-            yield _chunk(completion_id, model, content, None)
-            yield _chunk(completion_id, model, "", finish_reason or "stop", extra)
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(one(), media_type="text/event-stream")
+        events = [
+            _event(completion_id, model, {"role": "assistant", "content": content}, None),
+            _event(completion_id, model, {}, finish_reason or "stop", extra),
+        ]
+        return _stream_response(events, completion_id, model, usage if include_usage else None)
     message = {"role": "assistant", "content": content, "refusal": None}
+    return _completion(completion_id, model, message, finish_reason, usage, extra)
+
+
+def _completion(
+    completion_id: str,
+    model: str,
+    message: dict[str, Any],
+    finish_reason: str | None,
+    usage: dict[str, int],
+    extra: dict[str, Any] | None,
+) -> Any:
     body = {
         "id": completion_id,
         "object": "chat.completion",
@@ -176,8 +325,10 @@ def _reply(
     return JSONResponse(body)
 
 
-def _chunk(completion_id: str, model: str, text: str, finish: str | None, extra: dict[str, Any] | None = None) -> str:
-    delta = {"role": "assistant", "content": text} if finish is None else {}
+def _event(
+    completion_id: str, model: str, delta: dict[str, Any], finish: str | None, extra: dict[str, Any] | None = None
+) -> str:
+    """One Server-Sent Event carrying a ``chat.completion.chunk``."""
     body = {
         "id": completion_id,
         "object": "chat.completion.chunk",
@@ -189,10 +340,40 @@ def _chunk(completion_id: str, model: str, text: str, finish: str | None, extra:
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
-def _sse_chunks(completion_id: str, model: str, chunks: Iterator[Any]) -> Iterator[str]:
+def _usage_event(completion_id: str, model: str, usage: dict[str, int]) -> str:
+    """The last chunk ``stream_options.include_usage`` asks for: no choices, the usage."""
+    body = {
+        "id": completion_id,
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [],
+        "usage": usage,
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
+def _stream_response(
+    events: Sequence[str], completion_id: str, model: str, usage: dict[str, int] | None
+) -> StreamingResponse:
+    async def send() -> AsyncIterator[str]:
+        for event in events:
+            yield event
+        if usage is not None:
+            yield _usage_event(completion_id, model, usage)
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(send(), media_type="text/event-stream")
+
+
+def _sse_chunks(completion_id: str, model: str, chunks: Iterator[Any], *, include_usage: bool) -> Iterator[str]:
+    last = None
     for chunk in chunks:
+        last = chunk
         if chunk.text:
-            yield _chunk(completion_id, model, chunk.text, None)
+            yield _event(completion_id, model, {"role": "assistant", "content": chunk.text}, None)
         if chunk.finish_reason is not None:
-            yield _chunk(completion_id, model, "", chunk.finish_reason)
+            yield _event(completion_id, model, {}, chunk.finish_reason)
+    if include_usage and last is not None:
+        yield _usage_event(completion_id, model, _usage(last.prompt_tokens, last.completion_tokens))
     yield "data: [DONE]\n\n"

@@ -1,0 +1,259 @@
+"""``pcd serve``'s OpenAI API driven by the official ``openai`` client on a live loopback server, on the embedded
+model: tools decided by the engine, streamed usage, model names, and every refusal as the client's own exception
+type (nothing silently ignored)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
+openai = pytest.importorskip("openai")
+
+from pcd_engine.calls import Tool, decide_tools  # noqa: E402
+from pcd_engine.chat import document_text  # noqa: E402
+from pcd_engine.models import default_model_path  # noqa: E402
+from pcd_engine.tools.serve import create_app  # noqa: E402
+from tests.support import serve_on_loopback  # noqa: E402
+
+pytestmark = pytest.mark.real_model
+
+MODEL = "smollm2-135m"
+ASK = "Where is my order 5521? It has not arrived yet."
+STATUS = {
+    "type": "function",
+    "function": {
+        "name": "get_order_status",
+        "description": "Look up the shipping status of an order by its number.",
+        "parameters": {"type": "object", "properties": {"order_id": {"type": "string"}}, "required": ["order_id"]},
+    },
+}
+REFUND = {
+    "type": "function",
+    "function": {
+        "name": "refund",
+        "description": "Refund an order.",
+        "parameters": {
+            "type": "object",
+            "properties": {"reason": {"enum": ["late", "broken", "other"]}, "full": {"type": "boolean"}},
+            "required": ["reason", "full"],
+        },
+    },
+}
+TOOLS = [STATUS, REFUND]
+
+
+@pytest.fixture(scope="module")
+def live(default_engine):
+    app = create_app(default_engine, model_name=MODEL, aliases=[str(default_model_path())])
+    with serve_on_loopback(app) as port:
+        yield openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+
+
+def _valid(call: Any) -> dict:
+    import jsonschema
+
+    tool = next(t for t in TOOLS if t["function"]["name"] == call.function.name)
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    assert call.id.startswith("call_") and call.type == "function"
+    return arguments
+
+
+def _as_tools(specs: list[dict]) -> list[Tool]:
+    return [Tool(s["function"]["name"], s["function"]["description"], s["function"]["parameters"]) for s in specs]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "refund"}}])
+def test_tools_are_decided_by_the_engine(live, default_engine, choice):
+    out = live.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": ASK}],
+        tools=TOOLS,
+        tool_choice=choice,
+        parallel_tool_calls=False,
+    )
+    (reply,) = out.choices
+    assert reply.finish_reason == "tool_calls" and reply.message.content is None
+    (call,) = reply.message.tool_calls
+    arguments = _valid(call)
+    expected = decide_tools(
+        default_engine, ASK, _as_tools(TOOLS), choice=choice if isinstance(choice, str) else "refund"
+    )  # the same decision, made directly on the same document
+    assert call.function.name == expected.calls[0].name and arguments == expected.calls[0].arguments
+    evidence = out.model_extra["pcd"]
+    if choice == "required":
+        assert evidence["tool_choice"]["value"] == call.function.name
+        assert set(dict(evidence["tool_choice"]["alternatives"])) == {"get_order_status", "refund"}
+    else:
+        assert evidence["tool_choice"] is None  # forced: nothing to choose
+
+
+def test_auto_parallel_and_none(live, default_engine):
+    auto = live.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}], tools=TOOLS)
+    decided = decide_tools(default_engine, ASK, _as_tools(TOOLS), choice="auto", parallel=True)
+    names = [c.function.name for c in auto.choices[0].message.tool_calls or []]
+    assert names == [c.name for c in decided.calls]  # parallel_tool_calls defaults to true, as in OpenAI
+    assert auto.choices[0].finish_reason == ("tool_calls" if names else "stop")
+    for call in auto.choices[0].message.tool_calls or []:
+        _valid(call)
+    none = live.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ASK}], tools=TOOLS, tool_choice="none", max_tokens=4
+    )
+    assert none.choices[0].message.tool_calls is None and isinstance(none.choices[0].message.content, str)
+
+
+def test_tool_results_in_the_history_reach_the_decision(live, monkeypatch):
+    import pcd_engine.tools.serve.openai_api as api
+
+    seen = []
+    real = api.decide_tools
+
+    def spy(engine, text, tools, **kwargs):
+        seen.append(text)
+        return real(engine, text, tools, **kwargs)
+
+    monkeypatch.setattr(api, "decide_tools", spy)
+    history = [
+        {"role": "user", "content": ASK},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_order_status", "arguments": '{"order_id": "5521"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "Order 5521 shipped on Monday."},
+    ]
+    live.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="required")
+    assert seen[-1] == document_text(
+        [
+            ASK,
+            'Called get_order_status({"order_id": "5521"})',
+            "Tool result (get_order_status): Order 5521 shipped on Monday.",
+        ]
+    )
+
+
+def test_streamed_tool_calls_and_usage(live):
+    stream = live.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": ASK}],
+        tools=TOOLS,
+        tool_choice="required",
+        parallel_tool_calls=False,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert len(calls) == 1 and calls[0].function.name in ("get_order_status", "refund")
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+    text = list(
+        live.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Say hi"}],
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert text[-1].choices == [] and text[-1].usage.completion_tokens <= 5
+    assert "".join(c.choices[0].delta.content or "" for c in text if c.choices)
+    plain = list(
+        live.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Say hi"}], max_tokens=3, stream=True
+        )
+    )
+    assert all(c.usage is None for c in plain)  # usage only when asked for
+
+
+def test_every_model_name_listed_is_accepted(live):
+    names = [m.id for m in live.models.list()]
+    assert names == [MODEL, str(default_model_path()), "default"]
+    for name in names:
+        out = live.chat.completions.create(model=name, messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+        assert out.model == MODEL
+    with pytest.raises(openai.NotFoundError, match="expected one of"):
+        live.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("n", 2),
+        ("logprobs", True),
+        ("presence_penalty", 0.5),
+        ("logit_bias", {"42": 5}),
+        ("functions", [{"name": "f", "parameters": {}}]),
+        ("reasoning_effort", "high"),
+        ("no_such_field", 1),
+    ],
+)
+def test_fields_pcd_cannot_honour_are_refused_by_name(live, field, value):
+    with pytest.raises(openai.BadRequestError) as exc:
+        live.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=2, extra_body={field: value}
+        )
+    assert exc.value.param == field and field in exc.value.message
+
+
+def test_neutral_values_and_harmless_fields_are_accepted(live):
+    out = live.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=2,
+        n=1,
+        logprobs=False,
+        presence_penalty=0,
+        seed=7,
+        top_p=0.9,
+        user="u-1",
+        metadata={"run": "test"},
+    )
+    assert len(out.choices) == 1
+
+
+def test_images_bad_tools_and_unknown_routes_are_refused(live):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError, match="expected a text part, but got 'image_url'"):
+        live.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}, image]}], max_tokens=2
+        )
+    with pytest.raises(openai.BadRequestError, match="tool_choice: expected"):
+        live.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": ASK}],
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "search"}},
+        )
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]"):
+        live.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": ASK}], tools=[{"type": "web_search"}]
+        )
+    with pytest.raises(openai.NotFoundError) as exc:
+        live.embeddings.create(model=MODEL, input="hi")
+    assert exc.value.code == "not_found" and "POST /v1/embeddings" in exc.value.message
+    with pytest.raises(openai.APIStatusError) as exc:
+        live.delete("/models", cast_to=object)
+    assert exc.value.status_code == 405 and exc.value.body["code"] == "method_not_allowed"
+
+
+def test_api_key(default_engine):
+    with serve_on_loopback(create_app(default_engine, model_name=MODEL, api_key="s3cret")) as port:
+        base = f"http://127.0.0.1:{port}/v1"
+        with pytest.raises(openai.AuthenticationError, match="Authorization"):
+            openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()
+        assert [m.id for m in openai.OpenAI(base_url=base, api_key="s3cret", max_retries=0).models.list()]
+        import httpx
+
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
+        assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200  # the page holds no data
