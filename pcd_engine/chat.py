@@ -6,8 +6,9 @@ model backed by pcd is a real chat model on the same local weights, not only a s
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from pcd_engine.prompt import render_chat
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
-__all__ = ["ChatMessage", "TextChunk", "chat_prompt_ids", "document_text", "stream_chat"]
+__all__ = ["ChatMessage", "JsonReply", "TextChunk", "chat_prompt_ids", "document_text", "json_chat", "stream_chat"]
 
 _ROLES = ("system", "user", "assistant")
 
@@ -51,6 +52,27 @@ class TextChunk:
     finish_reason: str | None
     prompt_tokens: int
     completion_tokens: int
+
+
+@dataclass(frozen=True)
+class JsonReply:
+    """A reply that is one JSON value (see :func:`json_chat`).
+
+    Attributes:
+        value: The parsed value; ``None`` when the reply was cut and could not be completed into a valid one.
+        text: The reply's JSON text (closed by pcd when it was cut).
+        finish_reason: ``"stop"`` (the value is complete) or ``"length"`` (cut at ``max_new_tokens``).
+        prompt_tokens: Tokens in the rendered prompt.
+        completion_tokens: Tokens generated.
+        valid: True when ``value`` satisfies the schema.
+    """
+
+    value: Any
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    valid: bool
 
 
 def document_text(contents: Sequence[str]) -> str:
@@ -193,3 +215,59 @@ def stream_chat(
     if len(text) > sent:
         yield TextChunk(text[sent:], None, len(ids), len(tokens))
     yield TextChunk("", reason, len(ids), len(tokens))
+
+
+def json_chat(
+    engine: Engine,
+    messages: Sequence[ChatMessage],
+    *,
+    schema: Mapping[str, Any] | None = None,
+    max_new_tokens: int = 256,
+    time_limit_s: float | None = None,
+) -> JsonReply:
+    """The model's reply to ``messages`` as one JSON value, generated greedily under a JSON grammar (llguidance):
+    OpenAI's ``response_format={"type": "json_object"}``. The conversation is rendered with the model's own chat
+    template, and every token is masked to keep the reply valid JSON under ``schema``.
+
+    Args:
+        engine: A loaded engine.
+        messages: The conversation.
+        schema: The reply's JSON Schema; ``None`` for any JSON object.
+        max_new_tokens: Upper bound on generated tokens (> 0); a reply cut there is closed where it can be.
+        time_limit_s: Seconds the reply may take, checked between passes; ``None`` for no limit.
+
+    Returns:
+        The reply, parsed.
+
+    Raises:
+        OptionError: If ``max_new_tokens`` is not a positive int or ``time_limit_s`` is not positive.
+        ContextError: If the messages do not fit the model's window.
+        SchemaError: If llguidance cannot honour ``schema``.
+        RequestTimeout: If the reply runs past ``time_limit_s``.
+    """
+    from pcd_engine.generation import generate_reply
+    from pcd_engine.schema import FieldSpec
+
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:
+        raise OptionError(f"max_new_tokens: expected an int > 0, but got {max_new_tokens!r}.")
+    if time_limit_s is not None and not time_limit_s > 0:
+        raise OptionError(f"time_limit_s: expected a positive number of seconds, but got {time_limit_s!r}.")
+    ids = chat_prompt_ids(engine.tokenizer, messages)
+    if len(ids) + max_new_tokens > engine.backend.max_context:
+        raise ContextError(
+            f"Chat: expected the prompt and {max_new_tokens} new tokens to fit the model's window of "
+            f"{engine.backend.max_context} tokens, but the prompt has {len(ids)}."
+        )
+    text = json.dumps(dict(schema) if schema is not None else {"type": "object"}, ensure_ascii=False)
+    spec = FieldSpec("reply", "open", (), None, (), schema_json=text, max_tokens=max_new_tokens)
+    started = time.perf_counter()
+
+    def check() -> None:
+        if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
+            raise RequestTimeout(f"Chat: the reply ran past its time limit of {time_limit_s:g} s.")
+
+    out = generate_reply(
+        engine.backend, ids, spec=spec, grammars=engine.grammars, tokenizer=engine.tokenizer, check=check
+    )
+    reason = "length" if out.truncated else "stop"
+    return JsonReply(out.value, out.text, reason, len(ids), out.tokens, out.valid)

@@ -41,7 +41,7 @@ from pcd_engine.lru import LRU
 from pcd_engine.prompt import TokenizerView
 from pcd_engine.schema import FieldSpec
 
-__all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open", "walk_json"]
+__all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open", "generate_reply", "walk_json"]
 
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -150,20 +150,22 @@ class Grammars:
                 self._tok = llg.hf.from_tokenizer(self._hf)
             return self._tok
 
-    def grammar(self, spec: FieldSpec, lead: str = "") -> str:
-        """The Lark grammar of one row: ``lead``, a space, the value under its JSON Schema, then a comma.
+    def grammar(self, spec: FieldSpec, lead: str = "", *, whole: bool = False) -> str:
+        """The Lark grammar of one row: ``lead``, a space, the value under its JSON Schema, then a comma; or, with
+        ``whole``, the value alone (a whole reply that is one JSON value).
 
         Raises:
             SchemaError: If llguidance cannot compile the field's JSON Schema.
         """
-        key = (spec.schema_json or "", lead)
+        key = (spec.schema_json or "", "\0whole" if whole else lead)
         hit = self._grammars.get(key)
         if hit is not None:
             return hit
         llg = self._llg()
         value = {**spec.value_schema, "x-guidance": _JSON_STYLE}
         head = f"{json.dumps(lead)} " if lead else ""
-        text = f'start: {head}" " value ","\nvalue: %json {json.dumps(value, ensure_ascii=False)}\n'
+        start = "value" if whole else f'{head}" " value ","'
+        text = f"start: {start}\nvalue: %json {json.dumps(value, ensure_ascii=False)}\n"
         error = llg.LLMatcher.validate_grammar(text, self.tokenizer)
         if error:
             detail = error.strip().splitlines()[0]
@@ -177,10 +179,10 @@ class Grammars:
     def __len__(self) -> int:
         return len(self._grammars)
 
-    def matcher(self, spec: FieldSpec, lead: str = "") -> Any:
-        """A fresh matcher for one row."""
+    def matcher(self, spec: FieldSpec, lead: str = "", *, whole: bool = False) -> Any:
+        """A fresh matcher for one row (see :meth:`grammar`)."""
         llg = self._llg()
-        return llg.LLMatcher(self.tokenizer, self.grammar(spec, lead), log_level=0)
+        return llg.LLMatcher(self.tokenizer, self.grammar(spec, lead, whole=whole), log_level=0)
 
 
 @dataclass
@@ -317,3 +319,36 @@ def generate_open(
 
     backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=choose, before_pass=check)
     return [_finish(row, tokenizer, lead) for row, lead in zip(rows, plan.leads, strict=True)]
+
+
+def generate_reply(
+    backend: Backend,
+    ids: Sequence[int],
+    *,
+    spec: FieldSpec,
+    grammars: Grammars,
+    tokenizer: TokenizerView,
+    check: Callable[[], None] | None = None,
+) -> Generated:
+    """Generate a whole reply that is one JSON value under ``spec``'s schema, greedily, after the prompt ``ids``
+    (a chat prompt ending with the assistant turn's opening): one row, one token per pass, forced tokens free.
+
+    Args:
+        backend: The model backend.
+        ids: The prompt's token ids (at least two).
+        spec: An open field whose schema the reply follows; its ``max_tokens`` bounds the reply.
+        grammars: The grammar cache.
+        tokenizer: The model's tokenizer, to decode the reply.
+        check: Called before every pass after the first (it raises to stop: a time limit, a cancelled request).
+
+    Returns:
+        The reply's value, text, tokens and whether it was cut.
+    """
+    row = _Row(spec, grammars.matcher(spec, whole=True), spec.max_tokens or 256)
+    state = backend.start(backend.prefill(list(ids[:-1])))
+
+    def choose(_r: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
+        return _choose(row, logprobs)
+
+    backend.generate_rows(state, causal=[], prefixes=[[ids[-1]]], choose=choose, before_pass=check)
+    return _finish(row, tokenizer, "")

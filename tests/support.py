@@ -381,20 +381,22 @@ def oracle_brute_force(lm, paths, strategy, temperature=1.0, switch_at=8):
     return winner, probs, mass
 
 
-def greedy_constrained(lm, tokenizer, context_text, schema, limit):
+def greedy_constrained(lm, tokenizer, context_text, schema, limit, *, ids=None):
     """The obvious generator: tokenize the whole prompt up to the key's colon, then at each step score the whole
     sequence, keep the tokens a fresh llguidance matcher for ``" " <value> ","`` allows (its token mask, which
     prefers the canonical token where the grammar forces text), and take the best; where the grammar forces the
-    next tokens, they are written as they are and are not the model's choice. Returns the tokens, whether the
-    value finished, and the steps that were choices."""
+    next tokens, they are written as they are and are not the model's choice. Given prompt ``ids`` instead of a
+    text, the grammar is the value alone (a whole reply). Returns the tokens, whether the value finished, and the
+    steps that were choices."""
     import llguidance
     import llguidance.hf
 
     tok = llguidance.hf.from_tokenizer(tokenizer)
     style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-    grammar = f'start: " " value ","\nvalue: %json {json.dumps({**schema, "x-guidance": style})}\n'
+    start = "value" if ids is not None else '" " value ","'
+    grammar = f"start: {start}\nvalue: %json {json.dumps({**schema, 'x-guidance': style})}\n"
     matcher = llguidance.LLMatcher(tok, grammar)
-    ids = TokenizerView(tokenizer).encode(context_text)
+    ids = list(ids) if ids is not None else TokenizerView(tokenizer).encode(context_text)
     out, choices = [], []
     while len(out) < limit and not matcher.is_stopped():
         forced = matcher.compute_ff_tokens() if out else []

@@ -186,3 +186,31 @@ def test_stream_chat_time_limit_stops_between_tokens(smol_tokenizer):
         list(stream_chat(engine, turns, max_new_tokens=5, time_limit_s=1e-9))
     with pytest.raises(OptionError, match="time_limit_s"):
         list(stream_chat(engine, turns, time_limit_s=0))
+
+
+CLOSED_REPLY = {"type": "object", "properties": {"late": {"type": "boolean"}}, "required": ["late"]}
+CLOSED_REPLY["additionalProperties"] = False
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [None, {"type": "object", "properties": {"order": {"type": "integer"}, "late": {"type": "boolean"}}}, CLOSED_REPLY],
+)
+def test_json_chat_equals_the_obvious_constrained_generator(smol_tokenizer, schema):
+    from pcd_engine.chat import ChatMessage, chat_prompt_ids, json_chat
+    from pcd_engine.prompt import TokenizerView
+    from tests.support import greedy_constrained
+
+    lm = OracleLM(len(smol_tokenizer), salt="json")
+    engine = Engine(OracleBackend(smol_tokenizer, lm))
+    turns = [ChatMessage("user", "Order 5521 is late. Answer in JSON.")]
+    reply = json_chat(engine, turns, schema=schema, max_new_tokens=24)
+    ids = chat_prompt_ids(engine.tokenizer, turns)
+    out, finished, _ = greedy_constrained(lm, smol_tokenizer, None, schema or {"type": "object"}, 24, ids=ids)
+    assert reply.completion_tokens == len(out) and reply.prompt_tokens == len(ids)
+    assert reply.finish_reason == ("stop" if finished else "length")
+    written = TokenizerView(smol_tokenizer).decode(out).strip()
+    assert reply.text == written if finished else reply.text.startswith(written.rstrip("\\"))
+    assert reply.valid == (reply.value is not None) and (reply.value is None or isinstance(reply.value, dict))
+    if schema is CLOSED_REPLY:  # a reply the grammar closes quickly: complete and valid
+        assert finished and reply.valid and set(reply.value) == {"late"}

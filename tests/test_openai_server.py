@@ -257,3 +257,29 @@ def test_api_key(default_engine):
 
         assert httpx.get(f"http://127.0.0.1:{port}/v1/models").status_code == 401
         assert httpx.get(f"http://127.0.0.1:{port}/").status_code == 200  # the page holds no data
+
+
+def test_json_object_is_written_under_a_json_grammar(live, default_engine):
+    from pcd_engine import ChatMessage, json_chat
+
+    ask = "Tell me a joke about cats. Return a JSON object with 'setup' and 'punchline' keys."
+    out = live.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ask}], response_format={"type": "json_object"}, max_tokens=60
+    )
+    content = out.choices[0].message.content
+    assert isinstance(json.loads(content), dict) or out.choices[0].finish_reason == "length"
+    direct = json_chat(default_engine, [ChatMessage("user", ask)], max_new_tokens=60)
+    assert content == direct.text and out.choices[0].finish_reason == direct.finish_reason
+    assert out.usage.completion_tokens == direct.completion_tokens
+    chunks = list(
+        live.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": ask}],
+            response_format={"type": "json_object"},
+            max_tokens=60,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == content
+    assert chunks[-1].usage.completion_tokens == direct.completion_tokens

@@ -150,7 +150,7 @@ def test_openai_errors(client):
     bad = {"type": "object", "properties": {"extra": {"type": "object"}}}
     for response_format, code in [
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": bad}}, "unsupported_schema"),
-        ({"type": "json_object"}, "unsupported_response_format"),
+        ({"type": "yaml"}, "unsupported_response_format"),
     ]:
         response = chat(client, messages=messages, response_format=response_format)
         assert response.status_code == 400
@@ -211,9 +211,9 @@ def test_official_openai_client(live, default_engine):
     assert parsed.choices[0].message.parsed == Ticket(**default_engine.extract(TEXT, Ticket).values)
     with pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": TEXT}], response_format={"type": "json_object"}
+            model=MODEL, messages=[{"role": "user", "content": TEXT}], response_format={"type": "xml"}
         )
-    assert exc.value.code == "unsupported_response_format"
+    assert exc.value.code == "unsupported_response_format" and exc.value.param == "response_format"
 
 
 def test_concurrent_requests_equal_serial_ones(live):

@@ -3,7 +3,8 @@
 A ``response_format`` of type ``json_schema`` is answered by the engine (closed properties scored, open ones
 generated under their schema): the content is the JSON object, and per-field evidence is in the extra top-level
 field ``pcd``. A schema pcd cannot constrain (``Any``, free-form objects, recursion) is a 400 with an OpenAI-style
-error body; without a ``response_format`` (or with type ``text``) the reply is free text.
+error body. ``json_object`` is the model's reply written under a JSON grammar (any object, always valid JSON);
+without a ``response_format`` (or with type ``text``) the reply is free text.
 
 ``tools`` are answered by the engine's tool decision (:func:`pcd_engine.calls.decide_tools`, the mechanism behind
 ``ChatPCD.bind_tools``): which tool to call (or, under ``tool_choice="auto"``, whether to answer instead) is one
@@ -30,7 +31,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pcd_engine.calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
-from pcd_engine.chat import ChatMessage, document_text, stream_chat
+from pcd_engine.chat import ChatMessage, document_text, json_chat, stream_chat
 from pcd_engine.errors import OptionError, SchemaError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
@@ -61,12 +62,11 @@ def openai_router(server: Server) -> APIRouter:
         messages = _messages(body.messages)
         fmt = body.response_format or {"type": "text"}
         kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind not in ("json_schema", "text", None):
+        if kind not in ("json_schema", "json_object", "text", None):
             raise HTTPError(
                 400,
                 "unsupported_response_format",
-                f"response_format: expected type 'json_schema' or 'text', but got "
-                f"{kind!r}; pcd decides against a schema, so 'json_object' without one cannot be answered.",
+                f"response_format: expected type 'json_schema', 'json_object' or 'text', but got {kind!r}.",
                 param="response_format",
             )
         if body.tools:
@@ -75,6 +75,8 @@ def openai_router(server: Server) -> APIRouter:
                 return _tool_calls_reply(server, body, decision)
         if kind == "json_schema":
             return await _json_schema_reply(server, request, body, messages, fmt)
+        if kind == "json_object":
+            return await _json_object_reply(server, body, messages)
         return await _text_reply(server, body, messages)
 
     return router
@@ -186,6 +188,30 @@ async def _json_schema_reply(
         stream=body.stream,
         include_usage=body.include_usage,
         extra={"pcd": pcd},
+    )
+
+
+async def _json_object_reply(server: Server, body: ChatCompletionRequest, messages: list[ChatMessage]) -> Any:
+    """A JSON object, written by the model under a JSON grammar (:func:`pcd_engine.chat.json_chat`)."""
+    limit = body.token_limit or server.max_new_tokens
+    if limit < 1:
+        raise HTTPError(400, "invalid_request", "max_tokens: expected a positive integer.", param="max_tokens")
+    reply = await run_in_threadpool(
+        json_chat,
+        server.engine,
+        messages,
+        max_new_tokens=min(limit, server.max_new_tokens),
+        time_limit_s=server.limits.time_limit_s,
+    )
+    usage = _usage(reply.prompt_tokens, reply.completion_tokens)
+    return _reply(
+        _completion_id(),
+        server.model_name,
+        reply.text,
+        reply.finish_reason,
+        usage,
+        stream=body.stream,
+        include_usage=body.include_usage,
     )
 
 
