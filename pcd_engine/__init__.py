@@ -4,7 +4,7 @@ Every allowed value of every field is compiled into a token trie, and all the tr
 one tree-packed forward pass on top of the schema's cached prompt head.
 """
 
-from pcd_engine.chat import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat
+from pcd_engine.chat import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
 from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
@@ -76,4 +76,5 @@ __all__ = [
     "json_chat",
     "load_preset",
     "stream_chat",
+    "stream_text",
 ]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,16 @@ from pcd_engine.prompt import render_chat
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
-__all__ = ["ChatMessage", "JsonReply", "TextChunk", "chat_prompt_ids", "document_text", "json_chat", "stream_chat"]
+__all__ = [
+    "ChatMessage",
+    "JsonReply",
+    "TextChunk",
+    "chat_prompt_ids",
+    "document_text",
+    "json_chat",
+    "stream_chat",
+    "stream_text",
+]
 
 _ROLES = ("system", "user", "assistant")
 
@@ -173,6 +182,43 @@ def stream_chat(
         ContextError: If the messages cannot be rendered or do not fit the model's window.
         RequestTimeout: If the reply runs past ``time_limit_s`` (what was streamed before stays sent).
     """
+
+    def ids() -> list[int]:  # rendered when streaming starts, so a bad conversation fails at the first chunk
+        return chat_prompt_ids(engine.tokenizer, messages)
+
+    yield from _stream(engine, ids, "Chat", max_new_tokens=max_new_tokens, stop=stop, time_limit_s=time_limit_s)
+
+
+def stream_text(
+    engine: Engine,
+    prompt: str,
+    *,
+    max_new_tokens: int = 16,
+    stop: Sequence[str] = (),
+    time_limit_s: float | None = None,
+) -> Iterator[TextChunk]:
+    """Greedy continuation of a raw ``prompt`` (no chat template), streamed as text chunks: OpenAI's legacy
+    ``/v1/completions``. Arguments, chunks and errors are as for :func:`stream_chat`; the prompt must not be empty.
+    """
+
+    def ids() -> list[int]:
+        if not prompt:
+            raise ContextError("Completion: expected a non-empty prompt, but got ''.")
+        return list(engine.tokenizer.encode(prompt))
+
+    yield from _stream(engine, ids, "Completion", max_new_tokens=max_new_tokens, stop=stop, time_limit_s=time_limit_s)
+
+
+def _stream(
+    engine: Engine,
+    prompt: Callable[[], list[int]],
+    what: str,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str],
+    time_limit_s: float | None,
+) -> Iterator[TextChunk]:
+    """Greedy tokens after ``prompt()``'s ids as text chunks, held back where a stop sequence may begin."""
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise OptionError(f"max_new_tokens: expected an int > 0, but got {max_new_tokens!r}.")
     stops = list(stop)
@@ -182,11 +228,11 @@ def stream_chat(
         raise OptionError(f"time_limit_s: expected a positive number of seconds, but got {time_limit_s!r}.")
     started = time.perf_counter()
     tokenizer = engine.tokenizer
-    ids = chat_prompt_ids(tokenizer, messages)
+    ids = prompt()
     if len(ids) + 1 > engine.backend.max_context:
         raise ContextError(
-            f"Chat: expected the prompt to fit the model's window of {engine.backend.max_context} tokens, but it has "
-            f"{len(ids)}."
+            f"{what}: expected the prompt to fit the model's window of {engine.backend.max_context} tokens, but it "
+            f"has {len(ids)}."
         )
     limit = min(max_new_tokens, engine.backend.max_context - len(ids))
     eos = tokenizer.eos_ids
@@ -195,7 +241,7 @@ def stream_chat(
     reason = "length"
     for token in engine.backend.stream_greedy(ids, max_new_tokens=limit):
         if time_limit_s is not None and time.perf_counter() - started > time_limit_s:
-            raise RequestTimeout(f"Chat: the reply ran past its time limit of {time_limit_s:g} s.")
+            raise RequestTimeout(f"{what}: the reply ran past its time limit of {time_limit_s:g} s.")
         if token in eos:
             reason = "stop"
             break

@@ -283,3 +283,28 @@ def test_json_object_is_written_under_a_json_grammar(live, default_engine):
     )
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == content
     assert chunks[-1].usage.completion_tokens == direct.completion_tokens
+
+
+def test_legacy_completions_continue_the_raw_prompt(live, default_engine):
+    from pcd_engine import stream_text
+
+    prompt = "The capital of France is"
+    out = live.completions.create(model=MODEL, prompt=prompt, max_tokens=5)
+    direct = list(stream_text(default_engine, prompt, max_new_tokens=5))
+    assert out.object == "text_completion" and out.choices[0].text == "".join(c.text for c in direct)
+    assert out.choices[0].finish_reason == direct[-1].finish_reason
+    assert out.usage.completion_tokens == direct[-1].completion_tokens <= 5
+    assert len(live.completions.create(model=MODEL, prompt=[prompt]).choices) == 1  # max_tokens defaults to 16
+    chunks = list(
+        live.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=5, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == out.choices[0].text
+    assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+    for field, value in [("echo", True), ("best_of", 3), ("suffix", "x"), ("n", 2), ("logprobs", 2)]:
+        with pytest.raises(openai.BadRequestError) as exc:
+            live.completions.create(model=MODEL, prompt=prompt, max_tokens=2, extra_body={field: value})
+        assert exc.value.param == field
+    with pytest.raises(openai.BadRequestError, match="non-empty prompt"):
+        live.completions.create(model=MODEL, prompt="", max_tokens=2)

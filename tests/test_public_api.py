@@ -50,6 +50,7 @@ EXPECTED_ENGINE = [
     "json_chat",
     "load_preset",
     "stream_chat",
+    "stream_text",
 ]
 
 
@@ -131,6 +132,7 @@ MODULE_ALL = {
         "document_text",
         "json_chat",
         "stream_chat",
+        "stream_text",
     ],
     "pcd_engine.tools.cli": ["build_parser", "main"],
     "pcd_engine.tools.bench": ["BenchRow", "bench_presets", "one_wave"],
@@ -155,7 +157,13 @@ MODULE_ALL = {
         "header_timeout_protocol",
     ],
     "pcd_engine.tools.serve.errors": ["STATUS", "HTTPError", "as_http", "error_response", "install_handlers"],
-    "pcd_engine.tools.serve.models": ["BaselineRequest", "ChatCompletionRequest", "ExtractRequest", "parse_body"],
+    "pcd_engine.tools.serve.models": [
+        "BaselineRequest",
+        "ChatCompletionRequest",
+        "CompletionRequest",
+        "ExtractRequest",
+        "parse_body",
+    ],
     "pcd_engine.tools.serve.page_api": ["page_router"],
     "pcd_engine.tools.serve.openai_api": ["openai_router"],
     "pcd_engine.tools.terminal": [

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from pcd_engine.tools.serve.errors import HTTPError
 
-__all__ = ["BaselineRequest", "ChatCompletionRequest", "ExtractRequest", "parse_body"]
+__all__ = ["BaselineRequest", "ChatCompletionRequest", "CompletionRequest", "ExtractRequest", "parse_body"]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -110,15 +110,52 @@ class ChatCompletionRequest(BaseModel):
         honoured. A field left at its neutral value (``n=1``, ``logprobs=false``, zero penalties, ...) is fine."""
         if self.n not in (None, 1):
             return "n", f"n: expected 1, but got {self.n}; pcd's answer is deterministic, so every choice is the same."
-        extra = self.model_extra or {}
-        for name, neutral, why in _REFUSED:
-            if name in extra and extra[name] not in neutral:
-                return name, f"{name}: {why}, but got {extra[name]!r}."
-        known = {name for name, _, _ in _REFUSED} | _ACCEPTED
-        for name in extra:
-            if name not in known:
-                return name, f"{name}: not a chat completion field pcd knows; remove it, or pass pcd options in 'pcd'."
-        return None
+        return _refused_extra(self.model_extra or {}, _REFUSED)
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``, OpenAI's legacy text completion: the greedy continuation of a raw prompt.
+
+    Attributes:
+        model: The model id; any name in ``/v1/models``.
+        prompt: The text to continue (one string, or a list holding one).
+        max_tokens: Token limit of the continuation (OpenAI's default, 16, when unset).
+        stream: Answer as Server-Sent Events.
+        stream_options: ``{"include_usage": true}`` sends a last chunk with the usage.
+        stop: Stop strings.
+        temperature: Accepted; the continuation is greedy (see the README).
+        n: Only 1.
+        seed: Accepted: greedy decoding gives the same answer for every seed.
+        top_p: Accepted: the greedy token is inside every nucleus.
+        user: An end-user id, accepted.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Any = None
+    prompt: str | list[str]
+    max_tokens: StrictInt | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    temperature: float | None = None
+    n: StrictInt | None = None
+    seed: int | None = None
+    top_p: float | None = None
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streamed reply ends with a usage chunk."""
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def refused(self) -> tuple[str, str] | None:
+        """As :meth:`ChatCompletionRequest.refused`, for the completion fields."""
+        if isinstance(self.prompt, list) and len(self.prompt) != 1:
+            return "prompt", f"prompt: expected a string or a list of one, but got a list of {len(self.prompt)}."
+        if self.n not in (None, 1):
+            return "n", f"n: expected 1, but got {self.n}; pcd's answer is deterministic, so every choice is the same."
+        return _refused_extra(self.model_extra or {}, _COMPLETION_REFUSED)
 
 
 # Fields pcd cannot honour beyond their neutral values: (name, neutral values, what pcd does instead).
@@ -138,8 +175,28 @@ _REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("store", (None, False), "expected false; pcd stores no completions"),
     ("verbosity", (None,), "expected none; the length of free text is set by max_tokens"),
 )
+_COMPLETION_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    *(entry for entry in _REFUSED if entry[0] in ("logprobs", "presence_penalty", "frequency_penalty", "logit_bias")),
+    ("echo", (None, False), "expected false; the reply holds the continuation only"),
+    ("suffix", (None, ""), "expected none; pcd does not fill in the middle"),
+    ("best_of", (None, 1), "expected 1; pcd's answer is deterministic"),
+)
 # Fields that need nothing from pcd: identifiers and routing hints for hosted services.
 _ACCEPTED = {"metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
+
+
+def _refused_extra(
+    extra: dict[str, Any], refused: tuple[tuple[str, tuple[Any, ...], str], ...]
+) -> tuple[str, str] | None:
+    """The first extra field that is refused at a non-neutral value, or unknown."""
+    for name, neutral, why in refused:
+        if name in extra and extra[name] not in neutral:
+            return name, f"{name}: {why}, but got {extra[name]!r}."
+    known = {name for name, _, _ in refused} | _ACCEPTED
+    for name in extra:
+        if name not in known:
+            return name, f"{name}: not a field pcd knows for this route; remove it (pcd options go in 'pcd')."
+    return None
 
 
 _EXPECTED = {
@@ -156,6 +213,7 @@ _EXPECTED = {
     "parallel_tool_calls": "true or false",
     "stream_options": "an object",
     "n": "an integer",
+    "prompt": "a string (or a list of one)",
 }
 
 

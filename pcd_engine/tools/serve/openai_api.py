@@ -1,4 +1,5 @@
-"""The OpenAI-compatible API: ``GET /v1/models`` and ``POST /v1/chat/completions``.
+"""The OpenAI-compatible API: ``GET /v1/models``, ``POST /v1/chat/completions`` and the legacy
+``POST /v1/completions`` (the greedy continuation of a raw prompt).
 
 A ``response_format`` of type ``json_schema`` is answered by the engine (closed properties scored, open ones
 generated under their schema): the content is the JSON object, and per-field evidence is in the extra top-level
@@ -31,13 +32,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pcd_engine.calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
-from pcd_engine.chat import ChatMessage, document_text, json_chat, stream_chat
+from pcd_engine.chat import ChatMessage, document_text, json_chat, stream_chat, stream_text
 from pcd_engine.errors import OptionError, SchemaError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import ChatCompletionRequest, parse_body
+from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, parse_body
 
 __all__ = ["openai_router"]
 
@@ -79,7 +80,78 @@ def openai_router(server: Server) -> APIRouter:
             return await _json_object_reply(server, body, messages)
         return await _text_reply(server, body, messages)
 
+    @router.post("/v1/completions")
+    async def completions(request: Request) -> Any:
+        body = parse_body(CompletionRequest, await server.read_json(request))
+        server.check_model(body.model)
+        refused = body.refused()
+        if refused is not None:
+            raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
+        return await _completion_reply(server, body)
+
     return router
+
+
+async def _completion_reply(server: Server, body: CompletionRequest) -> Any:
+    """The greedy continuation of a raw prompt, as a ``text_completion`` (streamed when asked)."""
+    limit = 16 if body.max_tokens is None else body.max_tokens
+    if limit < 1:
+        raise HTTPError(400, "invalid_request", "max_tokens: expected a positive integer.", param="max_tokens")
+    prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    chunks = stream_text(
+        server.engine,
+        prompt,
+        max_new_tokens=min(limit, server.max_new_tokens),
+        stop=stop,
+        time_limit_s=server.limits.time_limit_s,
+    )
+    first = await run_in_threadpool(next, chunks)  # bad input is a 4xx, not a broken stream
+    completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+
+    def text_chunk(text: str, finish: str | None) -> str:
+        choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+        return _sse(completion_id, server.model_name, "text_completion", [choice])
+
+    if body.stream:
+
+        def events() -> Iterator[str]:
+            last = None
+            for chunk in itertools.chain([first], chunks):
+                last = chunk
+                if chunk.text or chunk.finish_reason is not None:
+                    yield text_chunk(chunk.text, chunk.finish_reason)
+            if body.include_usage and last is not None:
+                usage = _usage(last.prompt_tokens, last.completion_tokens)
+                yield _sse(completion_id, server.model_name, "text_completion", [], usage=usage)
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(iterate_in_threadpool(events()), media_type="text/event-stream")
+    pieces = [first, *await run_in_threadpool(list, chunks)]
+    last = pieces[-1]
+    text = "".join(p.text for p in pieces)
+    choice = {"index": 0, "text": text, "finish_reason": last.finish_reason, "logprobs": None}
+    return JSONResponse(
+        {
+            "id": completion_id,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": server.model_name,
+            "choices": [choice],
+            "usage": _usage(last.prompt_tokens, last.completion_tokens),
+        }
+    )
+
+
+def _sse(
+    completion_id: str, model: str, kind: str, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
+) -> str:
+    """One Server-Sent Event of a streamed ``kind`` (``text_completion``), usage included when given."""
+    body: dict[str, Any] = {"id": completion_id, "object": kind, "created": int(time.time()), "model": model}
+    body["choices"] = choices
+    if usage is not None:
+        body["usage"] = usage
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 def _tools(body: ChatCompletionRequest) -> list[Tool]:
