@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 import math
+import re
 import socket
 import threading
 import time
@@ -202,6 +203,32 @@ class ScriptedLM(OracleLM):
         hit = logits - np.logaddexp.reduce(logits)
         self._scripted[key] = hit
         return hit
+
+
+def _order_status_wants(final: str) -> Any:
+    """What the scripted model wants to write: the tool until its result is in the conversation, then
+    ``final`` (as the one next step, or as the tool's flag of a parallel choice); the user's order number as the
+    argument; the status the tool reported."""
+
+    def wants(text: str) -> dict[str, Any]:
+        done = "Tool result (get_order_status)" in text
+        out: dict[str, Any] = {"next": final if done else "get_order_status", "get_order_status": not done}
+        number = re.search(r"order (\d+)", text)
+        if number:
+            out["order_id"] = number.group(1)
+        if "shipped" in text:
+            out["status"] = "shipped"
+        return out
+
+    return wants
+
+
+def order_status_engine(tokenizer: Any, final: str) -> Any:
+    """An engine on a :class:`ScriptedLM` that plays a support agent: it calls ``get_order_status`` with the
+    order number the user gave until the tool's result is in the conversation, then picks ``final``."""
+    from pcd_engine import Engine
+
+    return Engine(OracleBackend(tokenizer, ScriptedLM(tokenizer, _order_status_wants(final))))
 
 
 class OraclePrefix(Prefix):

@@ -10,7 +10,6 @@ adapters, the engine's prompts, tries, packing, scoring and generation.
 from __future__ import annotations
 
 import asyncio
-import re
 from typing import Any, Literal
 
 import pytest
@@ -19,7 +18,7 @@ from pydantic import BaseModel
 from pcd_engine import Engine, compile_schema
 from pcd_engine.calls import ANSWER, Tool, choice_schema, decide_tools
 from pcd_engine.prompt import ChatPrompt, TokenizerView
-from tests.support import OracleBackend, OracleLM, ScriptedLM, enumerate_paths, oracle_brute_force
+from tests.support import OracleBackend, OracleLM, enumerate_paths, oracle_brute_force, order_status_engine
 
 ORDER = "Where is my order 5521? It has not arrived."
 STATUS = Tool(
@@ -103,28 +102,6 @@ def test_forced_none_and_argumentless_tools_need_no_choice(smol_tokenizer):
 # ------------------------------------------------------------------------------------------ agent loops
 
 
-def _wants(final: str):
-    """What the scripted model wants to write: the tool until its result is in the conversation, then
-    ``final`` (as the one next step, or as the tool's flag of a parallel choice); the user's order number as the
-    argument; the status the tool reported."""
-
-    def wants(text: str) -> dict[str, Any]:
-        done = "Tool result (get_order_status)" in text
-        out: dict[str, Any] = {"next": final if done else "get_order_status", "get_order_status": not done}
-        number = re.search(r"order (\d+)", text)
-        if number:
-            out["order_id"] = number.group(1)
-        if "shipped" in text:
-            out["status"] = "shipped"
-        return out
-
-    return wants
-
-
-def _scripted(tokenizer: Any, final: str) -> Engine:
-    return Engine(OracleBackend(tokenizer, ScriptedLM(tokenizer, _wants(final))))
-
-
 @pytest.mark.parametrize("strategy", [None, "tool", "provider"])
 def test_langchain_agent_calls_the_tool_reads_the_result_and_answers(smol_tokenizer, strategy):
     from langchain.agents import create_agent
@@ -150,7 +127,7 @@ def test_langchain_agent_calls_the_tool_reads_the_result_and_answers(smol_tokeni
             Counter.model_calls += 1
 
     fmt = {None: None, "tool": ToolStrategy(Ticket), "provider": ProviderStrategy(Ticket)}[strategy]
-    engine = _scripted(smol_tokenizer, "Ticket" if strategy == "tool" else ANSWER)
+    engine = order_status_engine(smol_tokenizer, "Ticket" if strategy == "tool" else ANSWER)
     agent = create_agent(ChatPCD(engine=engine, max_tokens=6), tools=[get_order_status], response_format=fmt)
     out = agent.invoke({"messages": [("user", ORDER)]}, {"callbacks": [Counter()], "recursion_limit": 10})
 
@@ -192,7 +169,7 @@ def test_llamaindex_function_agent_calls_the_tool_reads_the_result_and_answers(s
         return decided
 
     monkeypatch.setattr(adapter, "decide_tools", counting)
-    llm = adapter.PCDLLM(engine=_scripted(smol_tokenizer, ANSWER), max_tokens=6)
+    llm = adapter.PCDLLM(engine=order_status_engine(smol_tokenizer, ANSWER), max_tokens=6)
     agent = FunctionAgent(
         tools=[FunctionTool.from_defaults(get_order_status)], llm=llm, output_cls=Ticket, streaming=streaming
     )
@@ -228,7 +205,7 @@ def test_llamaindex_function_calling_api(smol_tokenizer):
         return f"Refunded {amount}."
 
     tools = [FunctionTool.from_defaults(get_order_status), FunctionTool.from_defaults(refund)]
-    llm = PCDLLM(engine=_scripted(smol_tokenizer, ANSWER), max_tokens=4)
+    llm = PCDLLM(engine=order_status_engine(smol_tokenizer, ANSWER), max_tokens=4)
     assert llm.metadata.is_function_calling_model and llm.metadata.is_chat_model
 
     reply = llm.chat_with_tools(tools, user_msg=ORDER)
