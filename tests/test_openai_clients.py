@@ -54,7 +54,7 @@ def test_chat_openai_json_mode_gets_a_json_object(base):
     from langchain_core.exceptions import OutputParserException
     from langchain_openai import ChatOpenAI
 
-    import pcd_engine.tools.serve.openai_api as api
+    import pcd_engine.tools.serve.answers as api
 
     replies = []
     real = api.json_chat
@@ -102,7 +102,7 @@ def test_chat_openai_agent_loop_through_the_server(smol_tokenizer):
     from langchain_core.tools import tool
     from langchain_openai import ChatOpenAI
 
-    import pcd_engine.tools.serve.openai_api as api
+    import pcd_engine.tools.serve.answers as api
 
     looked_up: list[str] = []
 

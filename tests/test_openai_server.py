@@ -106,7 +106,7 @@ def test_auto_parallel_and_none(live, default_engine):
 
 
 def test_tool_results_in_the_history_reach_the_decision(live, monkeypatch):
-    import pcd_engine.tools.serve.openai_api as api
+    import pcd_engine.tools.serve.answers as api
 
     seen = []
     real = api.decide_tools

@@ -1,0 +1,309 @@
+"""What the OpenAI-style routes share: a request read into one :class:`Ask`, answered as one :class:`Answer`.
+
+Chat Completions and Responses differ in shape, not in substance: both carry a conversation (with tool calls and
+tool results), tools with a choice, and an answer format (free text, a JSON object, or a JSON Schema). Each
+route reads its body into an :class:`Ask`; :func:`answer` decides the tools (the engine's scored decision, see
+:mod:`pcd_engine.calls`) and, when the model answers instead, writes the content; the route then puts the
+:class:`Answer` in its own shape.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from pcd_engine.calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
+from pcd_engine.chat import ChatMessage, TextChunk, document_text, json_chat, stream_chat
+from pcd_engine.errors import OptionError, SchemaError
+from pcd_engine.options import ExtractOptions
+from pcd_engine.schema import compile_schema
+from pcd_engine.tools.serve.app import Server
+from pcd_engine.tools.serve.errors import HTTPError
+
+__all__ = [
+    "Answer",
+    "Ask",
+    "Call",
+    "chat_messages",
+    "decide",
+    "extract_options",
+    "function_tool",
+    "respond",
+    "stops",
+    "text_chunks",
+    "token_limit",
+]
+
+Format = Literal["text", "json_object", "json_schema"]
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One request, whichever route it came in on.
+
+    Attributes:
+        messages: The conversation, tool calls and results labelled (see :func:`chat_messages`).
+        options: Extraction options for scored answers (``pcd``, ``temperature``, the token limit).
+        max_new_tokens: Token limit of free text and JSON objects (already capped by the server).
+        tools: Function tools; empty for none.
+        tool_choice: The route's tool choice, as :func:`pcd_engine.calls.choice_of` reads it.
+        parallel: Let the model call several tools.
+        format: What the answer is when no tool is called.
+        schema: The JSON Schema of a ``json_schema`` answer.
+        stop: Stop strings of free text.
+        params: The route's names of its fields (``tool_choice``, ``format``, ``tools``), for error messages.
+    """
+
+    messages: list[ChatMessage]
+    options: ExtractOptions
+    max_new_tokens: int
+    tools: list[Tool] = field(default_factory=list)
+    tool_choice: object = None
+    parallel: bool = True
+    format: Format = "text"
+    schema: dict[str, Any] | None = None
+    stop: list[str] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)
+
+    def param(self, name: str) -> str:
+        """The route's name of a field."""
+        return self.params.get(name, name)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One decided tool call: an id, the tool, and its arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The answer to an :class:`Ask`.
+
+    Attributes:
+        content: The text (free text or JSON); ``None`` when tools are called.
+        calls: The tool calls; empty when the model answers.
+        finish_reason: ``"stop"``, ``"length"`` or ``"tool_calls"``.
+        prompt_tokens: Tokens of the prompt.
+        completion_tokens: Tokens written.
+        pcd: pcd's evidence (per-field probabilities, the tool choice), or ``None`` for free text.
+    """
+
+    content: str | None
+    calls: tuple[Call, ...]
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    pcd: dict[str, Any] | None
+
+
+async def respond(server: Server, request: Request, ask: Ask) -> Answer:
+    """The answer in ``ask.format`` (tools aside: see :func:`decide`): a scored JSON Schema, a JSON object under
+    a grammar, or free text.
+
+    Raises:
+        HTTPError: 400 for a schema pcd cannot honour.
+    """
+    if ask.format == "json_schema":
+        return await _scored(server, request, ask)
+    if ask.format == "json_object":
+        reply = await run_in_threadpool(
+            json_chat,
+            server.engine,
+            ask.messages,
+            max_new_tokens=ask.max_new_tokens,
+            time_limit_s=server.limits.time_limit_s,
+        )
+        return Answer(reply.text, (), reply.finish_reason, reply.prompt_tokens, reply.completion_tokens, None)
+    pieces = await run_in_threadpool(list, text_chunks(server, ask))
+    text = "".join(p.text for p in pieces)
+    last = pieces[-1]
+    return Answer(text, (), str(last.finish_reason), last.prompt_tokens, last.completion_tokens, None)
+
+
+def text_chunks(server: Server, ask: Ask) -> Iterator[TextChunk]:
+    """The free-text reply, chunk by chunk (for routes that stream it as it is written)."""
+    return stream_chat(
+        server.engine,
+        ask.messages,
+        max_new_tokens=ask.max_new_tokens,
+        stop=ask.stop,
+        time_limit_s=server.limits.time_limit_s,
+    )
+
+
+async def decide(server: Server, request: Request, ask: Ask) -> Answer | None:
+    """The tool calls the engine decides on, or ``None`` when the model answers (or there are no tools).
+
+    Raises:
+        HTTPError: 400 for a tool choice that names no tool, or tool parameters pcd cannot fill.
+    """
+    if not ask.tools:
+        return None
+    try:
+        choice = choice_of(ask.tool_choice, [t.name for t in ask.tools])
+    except OptionError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param=ask.param("tool_choice")) from None
+    parallel = ask.parallel and len(ask.tools) > 1
+    document = document_text([m.content for m in ask.messages])
+    try:
+        decision: ToolDecision = await server.run_engine(
+            request, decide_tools, server.engine, document, ask.tools, choice=choice, parallel=parallel,
+            options=ask.options, limits=server.limits,
+        )  # fmt: skip
+    except SchemaError as exc:
+        raise HTTPError(400, "unsupported_schema", str(exc), param=ask.param("tools")) from None
+    if decision.answer:
+        return None
+    calls = tuple(
+        Call(f"call_{uuid.uuid4().hex[:24]}", c.name, json.dumps(c.arguments, ensure_ascii=False))
+        for c in decision.calls
+    )
+    results = [c.result for c in decision.calls if c.result is not None]
+    prompt = max((r.stats.prompt_tokens for r in results), default=0)
+    written = sum(len(server.engine.tokenizer.encode(c.arguments)) for c in calls)
+    return Answer(None, calls, "tool_calls", prompt, written, decision.evidence())
+
+
+async def _scored(server: Server, request: Request, ask: Ask) -> Answer:
+    """The engine's answer to a JSON Schema: closed properties scored, open ones generated."""
+    if not isinstance(ask.schema, dict):
+        raise HTTPError(400, "invalid_request", f"{ask.param('format')}: expected a JSON Schema object.",
+                        param=ask.param("format"))  # fmt: skip
+    try:
+        compiled = compile_schema(ask.schema)
+    except SchemaError as exc:
+        raise HTTPError(400, "unsupported_schema", str(exc), param=ask.param("format")) from None
+    document = document_text([m.content for m in ask.messages])
+    result = await server.extract(request, document, compiled, ask.options)
+    content = json.dumps(result.values, ensure_ascii=False)
+    written = len(server.engine.tokenizer.encode(content))
+    pcd = {k: v for k, v in result.to_json().items() if k != "values"}
+    return Answer(content, (), "stop", result.stats.prompt_tokens, written, pcd)
+
+
+# ------------------------------------------------------------------------------------------------ reading
+
+
+def function_tool(name: Any, description: Any, parameters: Any, *, where: str, param: str) -> Tool:
+    """A function tool from its parts.
+
+    Raises:
+        HTTPError: 400 when the name is not a string or the parameters are not an object.
+    """
+    if not isinstance(name, str) or not name:
+        raise HTTPError(400, "invalid_request", f"{where}: expected a function with a name.", param=param)
+    if not isinstance(parameters, dict):
+        message = f"{where}.parameters: expected a JSON Schema object, but got {parameters!r}."
+        raise HTTPError(400, "invalid_request", message, param=param)
+    return Tool(name, description if isinstance(description, str) else None, parameters)
+
+
+# OpenAI roles as chat-template roles: tool results reach the model as user turns (labelled).
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
+
+
+def chat_messages(raw: Any, *, param: str = "messages") -> list[ChatMessage]:
+    """Chat Completions messages as chat turns: an assistant turn's ``tool_calls`` and a tool turn's result are
+    labelled text (the result by the name of the call it answers), as :mod:`pcd_engine.calls` reads them.
+
+    Raises:
+        HTTPError: 400 for a message without a role, an unknown role, or content that is not text (images,
+            audio, files are refused, not dropped).
+    """
+    if not isinstance(raw, list) or not raw:
+        raise HTTPError(400, "invalid_request", f"{param}: expected a non-empty list.", param=param)
+    names: dict[str, str] = {}
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise HTTPError(400, "invalid_request", f"{param}[{i}]: expected an object with a role.", param=param)
+        role = m["role"]
+        if role not in ROLES:
+            message = f"{param}[{i}].role: expected one of {sorted(ROLES)}, but got {role!r}."
+            raise HTTPError(400, "invalid_request", message, param=param)
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(_text_part(f"{param}[{i}].content[{j}]", p, param) for j, p in enumerate(content))
+        raw_calls = [c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+        if content is None and role == "assistant" and raw_calls:
+            content = ""
+        if not isinstance(content, str):
+            raise HTTPError(400, "invalid_request", f"{param}[{i}].content: expected text.", param=param)
+        calls = [c.get("function") or {} for c in raw_calls]
+        names.update({str(c.get("id")): str((c.get("function") or {}).get("name")) for c in raw_calls})
+        if calls:
+            made = called_text([(str(c.get("name")), _arguments(c.get("arguments"))) for c in calls])
+            content = "\n".join(t for t in (content, made) if t)
+        if role == "tool":
+            call_id = str(m.get("tool_call_id", ""))
+            content = tool_result_text(names.get(call_id) or str(m.get("name") or call_id or "tool"), content)
+        out.append(ChatMessage(ROLES[role], content))
+    return out
+
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def _text_part(where: str, part: Any, param: str) -> str:
+    """A content part's text.
+
+    Raises:
+        HTTPError: 400 for a part that is not text: pcd reads text only, and does not drop the rest silently.
+    """
+    if isinstance(part, dict) and part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str):
+        return str(part["text"])
+    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+    message = f"{where}: expected a text part, but got {kind!r}; pcd reads text only."
+    raise HTTPError(400, "unsupported_content", message, param=param)
+
+
+def _arguments(raw: Any) -> dict[str, Any]:
+    """A past call's arguments (OpenAI sends them as a JSON string)."""
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            return {"arguments": raw}
+    return raw if isinstance(raw, dict) else {}
+
+
+def token_limit(value: int | None, server: Server, *, param: str) -> int:
+    """A request's token limit for free text, capped by the server's.
+
+    Raises:
+        HTTPError: 400 when it is not positive.
+    """
+    if value is not None and value < 1:
+        raise HTTPError(400, "invalid_request", f"{param}: expected a positive integer.", param=param)
+    return min(value or server.max_new_tokens, server.max_new_tokens)
+
+
+def extract_options(server: Server, pcd: Any, temperature: Any, limit: int | None, *, param: str) -> ExtractOptions:
+    """The ``pcd`` options, with OpenAI's ``temperature`` and token limit (each generated value's) laid over them.
+
+    Raises:
+        HTTPError: 400 for a bad option or limit.
+    """
+    options = server.client_options(pcd, where="pcd")
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0:
+        options = ExtractOptions(temperature=temperature).over(options)
+    if limit is not None:
+        if limit < 1:
+            raise HTTPError(400, "invalid_request", f"{param}: expected a positive integer.", param=param)
+        options = ExtractOptions(max_tokens=limit).over(options)
+    return options
+
+
+def stops(raw: str | Sequence[str] | None) -> list[str]:
+    """Stop strings as a list."""
+    return [raw] if isinstance(raw, str) else list(raw or [])
