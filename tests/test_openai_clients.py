@@ -150,3 +150,16 @@ def test_llamaindex_openai_like_function_calling_chat_model(base, default_engine
     assert llm.structured_predict(Ticket, PromptTemplate("{text}"), text=TEXT).model_dump() == expected
     reply = llm.as_structured_llm(Ticket).chat([ChatMessage(role="user", content=TEXT)])
     assert reply.raw.model_dump() == expected
+
+
+def test_chat_openai_on_the_responses_api(base, default_engine):
+    pytest.importorskip("langchain_openai")
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL, base_url=base, api_key="unused", max_retries=0, use_responses_api=True, max_tokens=8)
+    assert isinstance(llm.invoke("Say hi").text, str)
+    got = llm.with_structured_output(Ticket, method="json_schema").invoke(TEXT)
+    assert got == Ticket(**default_engine.extract(TEXT, Ticket).values)
+    reply = llm.bind_tools([Ticket], tool_choice="Ticket").invoke(TEXT)
+    assert reply.tool_calls[0]["name"] == "Ticket"
+    assert Ticket(**reply.tool_calls[0]["args"]) == got

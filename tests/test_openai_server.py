@@ -308,3 +308,65 @@ def test_legacy_completions_continue_the_raw_prompt(live, default_engine):
         assert exc.value.param == field
     with pytest.raises(openai.BadRequestError, match="non-empty prompt"):
         live.completions.create(model=MODEL, prompt="", max_tokens=2)
+
+
+def test_responses_text_schema_and_tools(live, default_engine):
+    from pcd_engine import ChatMessage, stream_chat
+
+    text = live.responses.create(model=MODEL, input="Say hi", instructions="Be brief.", max_output_tokens=6)
+    direct = list(
+        stream_chat(
+            default_engine, [ChatMessage("system", "Be brief."), ChatMessage("user", "Say hi")], max_new_tokens=6
+        )
+    )
+    assert text.output_text == "".join(c.text for c in direct)
+    assert text.status == ("incomplete" if direct[-1].finish_reason == "length" else "completed")
+    assert text.usage.output_tokens == direct[-1].completion_tokens
+
+    schema = {
+        "type": "object",
+        "properties": {"urgent": {"type": "boolean"}, "topic": {"enum": ["billing", "shipping"]}},
+        "required": ["urgent", "topic"],
+        "additionalProperties": False,
+    }
+    fmt = {"format": {"type": "json_schema", "name": "ticket", "schema": schema, "strict": True}}
+    scored = live.responses.create(model=MODEL, input=ASK, text=fmt)
+    assert json.loads(scored.output_text) == default_engine.extract(ASK, schema).values
+    assert set(scored.model_extra["pcd"]["fields"]) == {"urgent", "topic"}
+
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    called = live.responses.create(
+        model=MODEL, input=ASK, tools=tools, tool_choice="required", parallel_tool_calls=False
+    )
+    (item,) = called.output
+    assert item.type == "function_call" and item.call_id.startswith("call_")
+    expected = decide_tools(default_engine, ASK, _as_tools(TOOLS), choice="required")
+    assert item.name == expected.calls[0].name and json.loads(item.arguments) == expected.calls[0].arguments
+    follow_up = [
+        {"role": "user", "content": ASK},
+        {"type": "function_call", "call_id": item.call_id, "name": item.name, "arguments": item.arguments},
+        {"type": "function_call_output", "call_id": item.call_id, "output": "Order 5521 shipped on Monday."},
+    ]
+    again = live.responses.create(model=MODEL, input=follow_up, tools=tools, tool_choice="none", max_output_tokens=4)
+    assert again.output[0].type == "message"
+
+
+def test_responses_stream_and_refusals(live):
+    events = list(live.responses.create(model=MODEL, input="Say hi", max_output_tokens=4, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == events[-1].response.output_text
+    tools = [{"type": "function", **t["function"]} for t in TOOLS]
+    streamed = list(live.responses.create(model=MODEL, input=ASK, tools=tools, tool_choice="required", stream=True))
+    done = [e for e in streamed if e.type == "response.function_call_arguments.done"]
+    assert done and json.loads(done[0].arguments) is not None
+    for field, value in [("store", True), ("previous_response_id", "resp_1"), ("reasoning", {"effort": "high"})]:
+        with pytest.raises(openai.BadRequestError) as exc:
+            live.responses.create(model=MODEL, input="Hi", max_output_tokens=2, extra_body={field: value})
+        assert exc.value.param == field
+    with pytest.raises(openai.BadRequestError, match="hosted tools"):
+        live.responses.create(model=MODEL, input="Hi", tools=[{"type": "web_search"}])
+    image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+    with pytest.raises(openai.BadRequestError, match="expected a text part, but got 'input_image'"):
+        live.responses.create(model=MODEL, input=[{"role": "user", "content": [image]}])

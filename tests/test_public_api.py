@@ -175,10 +175,12 @@ MODULE_ALL = {
         "ChatCompletionRequest",
         "CompletionRequest",
         "ExtractRequest",
+        "ResponsesRequest",
         "parse_body",
     ],
     "pcd_engine.tools.serve.page_api": ["page_router"],
     "pcd_engine.tools.serve.openai_api": ["openai_router"],
+    "pcd_engine.tools.serve.responses_api": ["responses_router"],
     "pcd_engine.tools.terminal": [
         "dataset_name",
         "progress",

@@ -193,6 +193,7 @@ def create_app(
     (fastapi,) = require("fastapi", what="pcd serve", install=INSTALL)
     from pcd_engine.tools.serve.openai_api import openai_router
     from pcd_engine.tools.serve.page_api import page_router
+    from pcd_engine.tools.serve.responses_api import responses_router
 
     server = Server(engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases))
     app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
@@ -203,6 +204,7 @@ def create_app(
     install_handlers(app)
     app.include_router(page_router(server))
     app.include_router(openai_router(server))
+    app.include_router(responses_router(server))
     return app
 
 

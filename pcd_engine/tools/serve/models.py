@@ -14,7 +14,14 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError, f
 
 from pcd_engine.tools.serve.errors import HTTPError
 
-__all__ = ["BaselineRequest", "ChatCompletionRequest", "CompletionRequest", "ExtractRequest", "parse_body"]
+__all__ = [
+    "BaselineRequest",
+    "ChatCompletionRequest",
+    "CompletionRequest",
+    "ExtractRequest",
+    "ResponsesRequest",
+    "parse_body",
+]
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -158,6 +165,54 @@ class CompletionRequest(BaseModel):
         return _refused_extra(self.model_extra or {}, _COMPLETION_REFUSED)
 
 
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses``, OpenAI's Responses API: text, ``text.format`` (``json_schema``, ``json_object``)
+    and function tools, answered as Chat Completions are.
+
+    Attributes:
+        model: The model id; any name in ``/v1/models``.
+        input: A string (one user turn) or a list of items: messages (text parts only), ``function_call`` and
+            ``function_call_output``.
+        instructions: A system turn put first.
+        text: ``{"format": {"type": "text" | "json_object" | "json_schema", ...}}``.
+        tools: Function tools (``{"type": "function", "name": ..., "parameters": ...}``).
+        tool_choice: ``"auto"``, ``"required"``, ``"none"`` or ``{"type": "function", "name": ...}``.
+        parallel_tool_calls: Let the model call several tools at once; default true.
+        max_output_tokens: Token limit (per generated value for a schema; of the reply for free text).
+        temperature: Reshapes the reported probabilities when positive; free text is greedy.
+        top_p: Accepted: the greedy token is inside every nucleus.
+        stream: Answer as Server-Sent Events (the answer's events, sent once it is complete).
+        store: Only false: pcd stores no responses.
+        metadata: Echoed back.
+        user: An end-user id, accepted.
+        pcd: pcd options (see :class:`~pcd_engine.options.ExtractOptions`).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Any = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    text: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: StrictInt | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    pcd: dict[str, Any] | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        """As :meth:`ChatCompletionRequest.refused`, for the Responses fields."""
+        if self.store:
+            return "store", "store: expected false; pcd stores no responses, so it cannot keep this one."
+        return _refused_extra(self.model_extra or {}, _RESPONSES_REFUSED)
+
+
 # Fields pcd cannot honour beyond their neutral values: (name, neutral values, what pcd does instead).
 _REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("logprobs", (None, False), "pcd returns per-field evidence in the 'pcd' field, not token logprobs"),
@@ -180,6 +235,18 @@ _COMPLETION_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("echo", (None, False), "expected false; the reply holds the continuation only"),
     ("suffix", (None, ""), "expected none; pcd does not fill in the middle"),
     ("best_of", (None, 1), "expected 1; pcd's answer is deterministic"),
+)
+_RESPONSES_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("previous_response_id", (None,), "expected none; pcd stores no responses, so send the whole input"),
+    ("conversation", (None,), "expected none; pcd stores no conversations, so send the whole input"),
+    ("reasoning", (None, {}), "expected none; pcd has no reasoning mode"),
+    ("include", (None, []), "expected none; pcd has no extra output to include"),
+    ("background", (None, False), "expected false; pcd answers in the request"),
+    ("prompt", (None,), "expected none; pcd has no stored prompt templates"),
+    ("max_tool_calls", (None,), "expected none; the tool decision bounds the calls by the tools given"),
+    ("top_logprobs", (None, 0), "pcd returns per-field evidence in the 'pcd' field, not token logprobs"),
+    ("truncation", (None, "disabled"), "expected 'disabled'; a request that does not fit is refused"),
+    ("stream_options", (None, {}), "expected none"),
 )
 # Fields that need nothing from pcd: identifiers and routing hints for hosted services.
 _ACCEPTED = {"metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
@@ -214,6 +281,9 @@ _EXPECTED = {
     "stream_options": "an object",
     "n": "an integer",
     "prompt": "a string (or a list of one)",
+    "input": "a string or a list of input items",
+    "max_output_tokens": "a positive integer",
+    "text": "an object with a 'format'",
 }
 
 

@@ -1,0 +1,212 @@
+"""OpenAI's Responses API: ``POST /v1/responses``, answered by the same path as Chat Completions.
+
+The input (a string, or message / ``function_call`` / ``function_call_output`` items) is read into chat turns,
+tool calls and results labelled; ``text.format`` picks a scored JSON Schema, a JSON object under a grammar, or
+free text; function tools are the engine's scored decision. The reply is a ``response`` object whose ``output``
+holds one ``message`` (``output_text``) or the ``function_call`` items, with the usage and pcd's evidence in the
+extra field ``pcd``. With ``stream`` the same response is sent as the Responses event sequence once it is complete
+(pcd decides before it writes, so there is nothing earlier to send). Nothing is stored: ``store=true`` and
+``previous_response_id`` are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from pcd_engine.tools.serve.answers import (
+    Answer,
+    Ask,
+    chat_messages,
+    decide,
+    extract_options,
+    function_tool,
+    respond,
+    token_limit,
+)
+from pcd_engine.tools.serve.app import Server
+from pcd_engine.tools.serve.errors import HTTPError
+from pcd_engine.tools.serve.models import ResponsesRequest, parse_body
+
+__all__ = ["responses_router"]
+
+
+def responses_router(server: Server) -> APIRouter:
+    """The ``/v1/responses`` route, served by ``server``."""
+    router = APIRouter()
+
+    @router.post("/v1/responses")
+    async def responses(request: Request) -> Any:
+        body = parse_body(ResponsesRequest, await server.read_json(request))
+        server.check_model(body.model)
+        refused = body.refused()
+        if refused is not None:
+            raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
+        ask = _ask(server, body)
+        answer = await decide(server, request, ask) or await respond(server, request, ask)
+        response = _response(server, body, answer)
+        if body.stream:
+            return StreamingResponse(_events(response), media_type="text/event-stream")
+        return JSONResponse(response)
+
+    return router
+
+
+def _ask(server: Server, body: ResponsesRequest) -> Ask:
+    """A Responses request as an :class:`~pcd_engine.tools.serve.answers.Ask`.
+
+    Raises:
+        HTTPError: 400 for bad input items, tools, format or limits.
+    """
+    fmt = (body.text or {}).get("format") or {"type": "text"}
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind not in ("text", "json_object", "json_schema"):
+        message = f"text.format: expected type 'text', 'json_object' or 'json_schema', but got {kind!r}."
+        raise HTTPError(400, "unsupported_response_format", message, param="text.format")
+    tools = []
+    for i, raw in enumerate(body.tools or []):
+        if raw.get("type") != "function":
+            message = (
+                f"tools[{i}]: expected a function tool, but got type {raw.get('type')!r}; pcd runs no hosted tools."
+            )
+            raise HTTPError(400, "invalid_request", message, param="tools")
+        parameters = raw.get("parameters") or {}
+        tools.append(
+            function_tool(raw.get("name"), raw.get("description"), parameters, where=f"tools[{i}]", param="tools")
+        )
+    turns = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + _turns(body.input)
+    return Ask(
+        messages=chat_messages(turns, param="input"),
+        options=extract_options(server, body.pcd, body.temperature, body.max_output_tokens, param="max_output_tokens"),
+        max_new_tokens=token_limit(body.max_output_tokens, server, param="max_output_tokens"),
+        tools=tools,
+        tool_choice=body.tool_choice,
+        parallel=body.parallel_tool_calls is not False,
+        format=kind,
+        schema=fmt.get("schema") if kind == "json_schema" else None,
+        params={"format": "text.format"},
+    )
+
+
+def _turns(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Responses input items as Chat Completions messages (the shape :func:`chat_messages` reads).
+
+    Raises:
+        HTTPError: 400 for an item of a kind pcd cannot read (reasoning, hosted tool calls, ...).
+    """
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(raw):
+        kind = item.get("type", "message")
+        if kind == "message":
+            out.append({"role": item.get("role"), "content": item.get("content")})
+        elif kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
+        else:
+            message = f"input[{i}]: expected a message, function_call or function_call_output item, but got {kind!r}."
+            raise HTTPError(400, "invalid_request", message, param="input")
+    return out
+
+
+def _response(server: Server, body: ResponsesRequest, answer: Answer) -> dict[str, Any]:
+    """The ``response`` object of an answer."""
+    output: list[dict[str, Any]]
+    if answer.calls:
+        output = [
+            {"type": "function_call", "id": f"fc_{uuid.uuid4().hex[:24]}", "call_id": c.id, "name": c.name,
+             "arguments": c.arguments, "status": "completed"}
+            for c in answer.calls
+        ]  # fmt: skip
+    else:
+        text = {"type": "output_text", "text": answer.content or "", "annotations": [], "logprobs": []}
+        output = [
+            {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed", "role": "assistant",
+             "content": [text]}
+        ]  # fmt: skip
+    cut = answer.finish_reason == "length"
+    usage = {
+        "input_tokens": answer.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": answer.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
+    }
+    response: dict[str, Any] = {
+        "id": f"resp_{uuid.uuid4().hex[:24]}",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if cut else "completed",
+        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+        "error": None,
+        "model": server.model_name,
+        "output": output,
+        "usage": usage,
+        "instructions": body.instructions,
+        "metadata": body.metadata or {},
+        "parallel_tool_calls": body.parallel_tool_calls is not False,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [],
+        "text": body.text or {"format": {"type": "text"}},
+        "max_output_tokens": body.max_output_tokens,
+        "previous_response_id": None,
+        "reasoning": None,
+        "store": False,
+        "truncation": "disabled",
+        "user": body.user,
+    }
+    if answer.pcd is not None:
+        response["pcd"] = answer.pcd
+    return response
+
+
+async def _events(response: dict[str, Any]) -> AsyncIterator[str]:
+    """The Responses event sequence of a complete response: created, each output item with its content, then
+    completed."""
+    sequence = 0
+
+    def event(kind: str, **data: Any) -> str:
+        nonlocal sequence
+        sequence += 1
+        payload = {"type": kind, "sequence_number": sequence, **data}
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    opening = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event("response.created", response=opening)
+    yield event("response.in_progress", response=opening)
+    for index, item in enumerate(response["output"]):
+        if item["type"] == "message":
+            part = item["content"][0]
+            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
+                                                                                 "content": []})  # fmt: skip
+            empty = {**part, "text": ""}
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            yield event("response.content_part.added", **where, part=empty)
+            if part["text"]:
+                yield event("response.output_text.delta", **where, delta=part["text"], logprobs=[])
+            yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
+            yield event("response.content_part.done", **where, part=part)
+        else:
+            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
+                                                                                 "arguments": ""})  # fmt: skip
+            where = {"item_id": item["id"], "output_index": index}
+            yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
+            yield event("response.function_call_arguments.done", **where, arguments=item["arguments"])
+        yield event("response.output_item.done", output_index=index, item=item)
+    kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
+    yield event(kind, response=response)
