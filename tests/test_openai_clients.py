@@ -163,3 +163,19 @@ def test_chat_openai_on_the_responses_api(base, default_engine):
     reply = llm.bind_tools([Ticket], tool_choice="Ticket").invoke(TEXT)
     assert reply.tool_calls[0]["name"] == "Ticket"
     assert Ticket(**reply.tool_calls[0]["args"]) == got
+
+
+def test_chat_openai_surfaces_the_evidence_as_logprobs(base, default_engine):
+    """ChatOpenAI keeps only standard fields; with logprobs=True each scored field's probability reaches
+    response_metadata["logprobs"]."""
+    pytest.importorskip("langchain_openai")
+    import math
+
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model=MODEL, base_url=base, api_key="unused", max_retries=0, logprobs=True)
+    raw = llm.with_structured_output(Ticket, method="json_schema", include_raw=True).invoke(TEXT)["raw"]
+    entries = raw.response_metadata["logprobs"]["content"]
+    fields = default_engine.extract(TEXT, Ticket).fields
+    assert [e["token"].split("=")[0] for e in entries] == list(fields)
+    assert [e["logprob"] for e in entries] == pytest.approx([math.log(f.probability) for f in fields.values()])

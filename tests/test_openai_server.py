@@ -370,3 +370,32 @@ def test_responses_stream_and_refusals(live):
     image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
     with pytest.raises(openai.BadRequestError, match="expected a text part, but got 'input_image'"):
         live.responses.create(model=MODEL, input=[{"role": "user", "content": [image]}])
+
+
+def test_logprobs_carry_each_scored_fields_probability(live, default_engine):
+    import math
+
+    schema = {
+        "type": "object",
+        "properties": {"urgent": {"type": "boolean"}, "topic": {"enum": ["billing", "shipping", "other"]}},
+        "required": ["urgent", "topic"],
+        "additionalProperties": False,
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+    out = live.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ASK}], response_format=fmt, logprobs=True, top_logprobs=2
+    )
+    entries = out.choices[0].logprobs.content
+    result = default_engine.extract(ASK, schema)
+    assert [e.token for e in entries] == [f"{n}={json.dumps(f.value)}" for n, f in result.fields.items()]
+    for e, f in zip(entries, result.fields.values(), strict=True):
+        assert e.logprob == pytest.approx(math.log(f.probability))
+        assert [t.token.split("=", 1)[1] for t in e.top_logprobs] == [json.dumps(a.value) for a in f.alternatives[:2]]
+    forced = live.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": ASK}], tools=TOOLS, tool_choice="required", logprobs=True
+    )
+    tokens = [e.token for e in forced.choices[0].logprobs.content]
+    assert tokens[0].startswith("tool=") and all("=" in t for t in tokens)
+    with pytest.raises(openai.BadRequestError) as exc:
+        live.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}], logprobs=True)
+    assert exc.value.param == "logprobs"

@@ -179,7 +179,7 @@ MODULE_ALL = {
         "parse_body",
     ],
     "pcd_engine.tools.serve.page_api": ["page_router"],
-    "pcd_engine.tools.serve.openai_api": ["openai_router"],
+    "pcd_engine.tools.serve.openai_api": ["field_logprobs", "openai_router"],
     "pcd_engine.tools.serve.responses_api": ["responses_router"],
     "pcd_engine.tools.terminal": [
         "dataset_name",

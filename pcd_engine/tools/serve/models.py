@@ -79,6 +79,9 @@ class ChatCompletionRequest(BaseModel):
         seed: Accepted: greedy decoding gives the same answer for every seed.
         top_p: Accepted: the greedy token is inside every nucleus.
         user: An end-user id, accepted (pcd keeps no per-user state).
+        logprobs: With a ``json_schema`` answer: each scored field's log-probability, as ``logprobs.content``
+            entries whose token is ``field=value`` (tool calls: ``tool=name`` and ``name.argument=value``).
+        top_logprobs: How many alternatives each entry lists (0 to 20).
         pcd: pcd options (see :class:`~pcd_engine.options.ExtractOptions`).
     """
 
@@ -97,6 +100,8 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: StrictInt | None = None
     stop: str | list[str] | None = None
     n: StrictInt | None = None
+    logprobs: bool | None = None
+    top_logprobs: StrictInt | None = None
     seed: int | None = None
     top_p: float | None = None
     user: str | None = None
@@ -117,6 +122,16 @@ class ChatCompletionRequest(BaseModel):
         honoured. A field left at its neutral value (``n=1``, ``logprobs=false``, zero penalties, ...) is fine."""
         if self.n not in (None, 1):
             return "n", f"n: expected 1, but got {self.n}; pcd's answer is deterministic, so every choice is the same."
+        schema = isinstance(self.response_format, dict) and self.response_format.get("type") == "json_schema"
+        calls = bool(self.tools) and self.tool_choice not in (None, "auto", "none")
+        if self.logprobs and not (schema or calls):
+            return "logprobs", (
+                "logprobs: pcd reports the log-probability of each scored field (a json_schema answer or a tool "
+                "call that is required), not of free-text tokens; set response_format to a json_schema, require a "
+                "tool, or drop logprobs."
+            )
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            return "top_logprobs", f"top_logprobs: expected 0 to 20, but got {self.top_logprobs}."
         return _refused_extra(self.model_extra or {}, _REFUSED)
 
 
@@ -213,10 +228,12 @@ class ResponsesRequest(BaseModel):
         return _refused_extra(self.model_extra or {}, _RESPONSES_REFUSED)
 
 
-# Fields pcd cannot honour beyond their neutral values: (name, neutral values, what pcd does instead).
-_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+_LOGPROBS = (
     ("logprobs", (None, False), "pcd returns per-field evidence in the 'pcd' field, not token logprobs"),
     ("top_logprobs", (None, 0), "pcd returns per-field evidence in the 'pcd' field, not token logprobs"),
+)
+# Fields pcd cannot honour beyond their neutral values: (name, neutral values, what pcd does instead).
+_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("presence_penalty", (None, 0, 0.0), "expected 0; pcd decodes greedily without penalties"),
     ("frequency_penalty", (None, 0, 0.0), "expected 0; pcd decodes greedily without penalties"),
     ("logit_bias", (None, {}), "expected none; pcd scores the allowed values as the model gives them"),
@@ -231,7 +248,8 @@ _REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
     ("verbosity", (None,), "expected none; the length of free text is set by max_tokens"),
 )
 _COMPLETION_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
-    *(entry for entry in _REFUSED if entry[0] in ("logprobs", "presence_penalty", "frequency_penalty", "logit_bias")),
+    _LOGPROBS[0],
+    *(entry for entry in _REFUSED if entry[0] in ("presence_penalty", "frequency_penalty", "logit_bias")),
     ("echo", (None, False), "expected false; the reply holds the continuation only"),
     ("suffix", (None, ""), "expected none; pcd does not fill in the middle"),
     ("best_of", (None, 1), "expected 1; pcd's answer is deterministic"),

@@ -48,7 +48,7 @@ from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, parse_body
 
-__all__ = ["openai_router"]
+__all__ = ["field_logprobs", "openai_router"]
 
 
 def openai_router(server: Server) -> APIRouter:
@@ -196,19 +196,53 @@ def _chat_reply(server: Server, body: ChatCompletionRequest, answer: Answer) -> 
     calls = [
         {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in answer.calls
     ]
+    logprobs = None
+    if body.logprobs and answer.pcd is not None:
+        logprobs = {"content": field_logprobs(answer.pcd, top=body.top_logprobs or 0), "refusal": None}
     if body.stream:
         delta: dict[str, Any] = {"role": "assistant", "content": answer.content}
         if calls:
             delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
         events = [
-            _event(completion_id, server.model_name, delta, None),
+            _event(completion_id, server.model_name, delta, None, logprobs=logprobs),
             _event(completion_id, server.model_name, {}, answer.finish_reason, extra),
         ]
         return _stream_response(events, completion_id, server.model_name, usage if body.include_usage else None)
     message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
     if calls:
         message["tool_calls"] = calls
-    return _completion(completion_id, server.model_name, message, answer.finish_reason, usage, extra)
+    return _completion(completion_id, server.model_name, message, answer.finish_reason, usage, extra, logprobs)
+
+
+def field_logprobs(pcd: dict[str, Any], *, top: int) -> list[dict[str, Any]]:
+    """pcd's evidence as OpenAI ``logprobs.content`` entries, one per scored field, so that clients which keep
+    only standard fields (ChatOpenAI's ``response_metadata["logprobs"]``) still see it: the token is
+    ``field=value`` (the value as JSON), the logprob the log of the field's probability, and ``top_logprobs`` its
+    best alternatives. A tool call gives ``tool=name`` for the choice and ``name.argument=value`` for each scored
+    argument. Generated (open) fields have no probability and no entry."""
+    import math
+
+    def entry(name: str, value: Any, probability: float, alternatives: list[Any]) -> dict[str, Any]:
+        def one(v: Any, p: float) -> dict[str, Any]:
+            token = f"{name}={json.dumps(v, ensure_ascii=False)}"
+            return {"token": token, "logprob": math.log(p) if p > 0 else -9999.0, "bytes": list(token.encode())}
+
+        return {**one(value, probability), "top_logprobs": [one(v, p) for v, p in alternatives[:top]]}
+
+    def fields(prefix: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+        return [
+            entry(prefix + name, f["value"], f["probability"], f["alternatives"])
+            for name, f in data.items()
+            if f.get("probability") is not None
+        ]
+
+    if "tool_choice" in pcd:
+        choice = pcd["tool_choice"]
+        out = [] if choice is None else [entry("tool", choice["value"], choice["probability"], choice["alternatives"])]
+        for tool, evidence in pcd["arguments"].items():
+            out.extend(fields(f"{tool}.", evidence["fields"]))
+        return out
+    return fields("", pcd.get("fields", {}))
 
 
 async def _text_stream(server: Server, body: ChatCompletionRequest, ask: Ask) -> Any:
@@ -236,13 +270,14 @@ def _completion(
     finish_reason: str | None,
     usage: dict[str, int],
     extra: dict[str, Any] | None,
+    logprobs: dict[str, Any] | None = None,
 ) -> Any:
     body = {
         "id": completion_id,
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}],
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}],
         "usage": usage,
         **(extra or {}),
     }
@@ -250,7 +285,13 @@ def _completion(
 
 
 def _event(
-    completion_id: str, model: str, delta: dict[str, Any], finish: str | None, extra: dict[str, Any] | None = None
+    completion_id: str,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None,
+    extra: dict[str, Any] | None = None,
+    *,
+    logprobs: dict[str, Any] | None = None,
 ) -> str:
     """One Server-Sent Event carrying a ``chat.completion.chunk``."""
     body = {
@@ -258,7 +299,7 @@ def _event(
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
         **(extra or {}),
     }
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
