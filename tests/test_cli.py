@@ -364,8 +364,13 @@ def test_serve_builds_the_app_and_runs_uvicorn_on_loopback(capsys, tiny, monkeyp
     code, _, err = run(capsys, "serve", tiny, "--port", "8123", "--name", "tiny", "--backend", "torch", "-q")
     assert code == 0 and "Traceback" not in err
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
-    paths = set(seen["app"].openapi()["paths"])
+    spec = seen["app"].openapi()
+    paths = set(spec["paths"])
     assert {"/", "/api/extract", "/api/presets", "/api/baseline", "/v1/models", "/v1/chat/completions"} <= paths
+    assert {"/v1/completions", "/v1/responses"} <= paths
+    for path, field in [("/v1/chat/completions", "tools"), ("/v1/responses", "input"), ("/api/extract", "context")]:
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert field in body["properties"]  # /docs documents the body each route validates
 
 
 def test_serve_takes_an_api_key_and_warns_on_an_open_public_address(capsys, tiny, monkeypatch):

@@ -176,6 +176,7 @@ MODULE_ALL = {
         "CompletionRequest",
         "ExtractRequest",
         "ResponsesRequest",
+        "documented",
         "parse_body",
     ],
     "pcd_engine.tools.serve.page_api": ["page_router"],

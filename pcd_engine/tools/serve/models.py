@@ -20,6 +20,7 @@ __all__ = [
     "CompletionRequest",
     "ExtractRequest",
     "ResponsesRequest",
+    "documented",
     "parse_body",
 ]
 
@@ -303,6 +304,14 @@ _EXPECTED = {
     "max_output_tokens": "a positive integer",
     "text": "an object with a 'format'",
 }
+
+
+def documented(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` for a route that reads ``model`` from its JSON body itself (to bound its size and time
+    first): the body's schema, so that ``/docs`` documents it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema.pop("$defs", None)
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def parse_body(model: type[M], data: dict[str, Any], *, kinds: dict[str, str] | None = None) -> M:

@@ -46,7 +46,7 @@ from pcd_engine.tools.serve.answers import (
 )
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, parse_body
+from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, documented, parse_body
 
 __all__ = ["field_logprobs", "openai_router"]
 
@@ -61,7 +61,7 @@ def openai_router(server: Server) -> APIRouter:
         entries = [{"id": n, "object": "model", "created": created, "owned_by": "pcd"} for n in server.model_names]
         return {"object": "list", "data": entries}
 
-    @router.post("/v1/chat/completions")
+    @router.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
         body = parse_body(ChatCompletionRequest, await server.read_json(request))
         server.check_model(body.model)
@@ -74,7 +74,7 @@ def openai_router(server: Server) -> APIRouter:
             return await _text_stream(server, body, ask)
         return _chat_reply(server, body, decided or await respond(server, request, ask))
 
-    @router.post("/v1/completions")
+    @router.post("/v1/completions", openapi_extra=documented(CompletionRequest))
     async def completions(request: Request) -> Any:
         body = parse_body(CompletionRequest, await server.read_json(request))
         server.check_model(body.model)

@@ -22,7 +22,7 @@ from pcd_engine.tools.baseline import BaselineResult, partial_pairs, stream_base
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import BaselineRequest, ExtractRequest, parse_body
+from pcd_engine.tools.serve.models import BaselineRequest, ExtractRequest, documented, parse_body
 
 __all__ = ["page_router"]
 
@@ -81,7 +81,7 @@ def page_router(server: Server) -> APIRouter:
             out.append({"name": name, "title": preset.title, "schema": schema, "context": preset.context})
         return {"model": server.model_name, "presets": out}
 
-    @router.post("/api/extract")
+    @router.post("/api/extract", openapi_extra=documented(ExtractRequest))
     async def extract(request: Request) -> Any:
         body = parse_body(ExtractRequest, await server.read_json(request), kinds=_KINDS)
         compiled = compile_schema(body.schema_)
@@ -89,7 +89,7 @@ def page_router(server: Server) -> APIRouter:
         result = await server.extract(request, body.context, compiled, options)
         return {**result.to_json(), "schema": field_kinds(compiled)}
 
-    @router.post("/api/baseline")
+    @router.post("/api/baseline", openapi_extra=documented(BaselineRequest))
     async def baseline(request: Request) -> Any:
         body = parse_body(BaselineRequest, await server.read_json(request), kinds=_KINDS)
         compiled = compile_schema(body.schema_)

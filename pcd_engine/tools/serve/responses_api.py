@@ -32,7 +32,7 @@ from pcd_engine.tools.serve.answers import (
 )
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import ResponsesRequest, parse_body
+from pcd_engine.tools.serve.models import ResponsesRequest, documented, parse_body
 
 __all__ = ["responses_router"]
 
@@ -41,7 +41,7 @@ def responses_router(server: Server) -> APIRouter:
     """The ``/v1/responses`` route, served by ``server``."""
     router = APIRouter()
 
-    @router.post("/v1/responses")
+    @router.post("/v1/responses", openapi_extra=documented(ResponsesRequest))
     async def responses(request: Request) -> Any:
         body = parse_body(ResponsesRequest, await server.read_json(request))
         server.check_model(body.model)
