@@ -395,3 +395,22 @@ def test_serve_takes_an_api_key_and_warns_on_an_open_public_address(capsys, tiny
     client = TestClient(seen["app"], base_url="http://localhost")
     assert client.get("/v1/models", headers={"Authorization": "Bearer k2"}).status_code == 200
     assert client.post("/api/extract", json={}).status_code == 401
+
+
+def test_serve_keeps_cors_closed_unless_an_origin_is_given(capsys, tiny, monkeypatch):
+    pytest.importorskip("uvicorn")
+    import uvicorn
+    from fastapi.testclient import TestClient
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(app=app, **kwargs))
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST"}
+    run(capsys, "serve", tiny, "--backend", "torch", "-q")
+    closed = TestClient(seen["app"], base_url="http://localhost").options("/v1/chat/completions", headers=preflight)
+    assert "access-control-allow-origin" not in closed.headers
+    run(capsys, "serve", tiny, "--backend", "torch", "-q", "--cors-origin", "https://app.example")
+    client = TestClient(seen["app"], base_url="http://localhost")
+    opened = client.options("/v1/chat/completions", headers=preflight)
+    assert opened.headers["access-control-allow-origin"] == "https://app.example"
+    other = client.options("/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers

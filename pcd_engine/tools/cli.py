@@ -280,6 +280,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         allowed_hosts=args.allow_host,
         aliases=[args.model, resolve_model(given, backend=engine.backend.name)],
         api_key=api_key,
+        cors_origins=args.cors_origin,
     )
     if not args.quiet:
         print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
@@ -400,6 +401,13 @@ def _add_serve(sub: Any) -> None:
         default=None,
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on /v1 and /api (default: $PCD_API_KEY; none: open)",
+    )
+    p.add_argument(
+        "--cors-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="a web origin whose pages may call the API from a browser (repeatable; default: none)",
     )
     p.set_defaults(func=cmd_serve)
 

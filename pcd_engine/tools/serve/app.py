@@ -167,6 +167,7 @@ def create_app(
     allowed_hosts: Sequence[str] = (),
     aliases: Sequence[str] = (),
     api_key: str | None = None,
+    cors_origins: Sequence[str] = (),
 ) -> Any:
     """Build the ASGI app around a loaded engine.
 
@@ -183,6 +184,8 @@ def create_app(
         aliases: Other names ``/v1`` accepts for the model (``default`` always works).
         api_key: When set, ``/v1`` and ``/api`` requests must carry ``Authorization: Bearer <api_key>`` (401
             otherwise); the page itself stays open.
+        cors_origins: Web origins whose pages may call the API from a browser (CORS); none by default, so a page
+            on another origin cannot read the answers.
 
     Returns:
         A FastAPI application.
@@ -199,6 +202,15 @@ def create_app(
     app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)
+    if cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
     hosts = {h.lower().strip("[]") for h in (*LOOPBACK, *allowed_hosts, *([host] if host else []))}
     app.add_middleware(HostCheck, hosts=frozenset(hosts - {"0.0.0.0", "::"}))
     install_handlers(app)
