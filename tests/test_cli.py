@@ -414,3 +414,58 @@ def test_serve_keeps_cors_closed_unless_an_origin_is_given(capsys, tiny, monkeyp
     assert opened.headers["access-control-allow-origin"] == "https://app.example"
     other = client.options("/v1/chat/completions", headers={**preflight, "Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_pcd_serve_process_answers_the_openai_client(tiny):
+    """``pcd serve`` as a user starts it: a separate process on a free loopback port, driven by the openai client
+    (tools decided, the key required)."""
+    pytest.importorskip("uvicorn")
+    import socket
+    import time
+
+    import httpx
+    import openai
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pcd = Path(sys.executable).with_name("pcd")  # the console script the package installs
+    if not pcd.exists():
+        pytest.skip("the pcd console script is not installed (pip install -e .)")
+    command = [str(pcd), "serve", tiny, "--port", str(port), "--backend", "torch", "-q"]
+    process = subprocess.Popen([*command, "--api-key", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert process.poll() is None and time.time() < deadline, (
+                process.stderr.read().decode() if process.poll() else "no start"
+            )
+            time.sleep(0.25)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        assert tiny in [m.id for m in client.models.list()]
+        tool = {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look up an order.",
+                "parameters": {"type": "object", "properties": {"rush": {"type": "boolean"}}, "required": ["rush"]},
+            },
+        }
+        out = client.chat.completions.create(
+            model=tiny,
+            messages=[{"role": "user", "content": "Where is order 7?"}],
+            tools=[tool],
+            tool_choice="required",
+        )
+        (call,) = out.choices[0].message.tool_calls
+        assert call.function.name == "lookup" and json.loads(call.function.arguments)["rush"] in (True, False)
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
