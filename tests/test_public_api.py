@@ -164,6 +164,7 @@ MODULE_ALL = {
         "decide",
         "extract_options",
         "function_tool",
+        "read_request",
         "respond",
         "stops",
         "text_chunks",

@@ -13,7 +13,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
@@ -25,11 +25,13 @@ from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
+from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, ResponsesRequest, parse_body
 
 __all__ = [
     "Answer",
     "Ask",
     "Call",
+    "read_request",
     "chat_messages",
     "decide",
     "extract_options",
@@ -41,6 +43,22 @@ __all__ = [
 ]
 
 Format = Literal["text", "json_object", "json_schema"]
+R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
+
+
+async def read_request(server: Server, request: Request, model: type[R]) -> R:
+    """An OpenAI route's body, read within the server's limits, validated, for a model the server serves, with
+    every field honoured.
+
+    Raises:
+        HTTPError: 4xx for a bad body, 404 for an unknown model, 400 naming a field pcd cannot honour.
+    """
+    body = parse_body(model, await server.read_json(request))
+    server.check_model(body.model)
+    refused = body.refused()
+    if refused is not None:
+        raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
+    return body
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ from pcd_engine.tools.serve.answers import (
     decide,
     extract_options,
     function_tool,
+    read_request,
     respond,
     stops,
     text_chunks,
@@ -46,7 +47,7 @@ from pcd_engine.tools.serve.answers import (
 )
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, documented, parse_body
+from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, documented
 
 __all__ = ["field_logprobs", "openai_router"]
 
@@ -63,11 +64,7 @@ def openai_router(server: Server) -> APIRouter:
 
     @router.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Any:
-        body = parse_body(ChatCompletionRequest, await server.read_json(request))
-        server.check_model(body.model)
-        refused = body.refused()
-        if refused is not None:
-            raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
+        body = await read_request(server, request, ChatCompletionRequest)
         ask = _ask(server, body)
         decided = await decide(server, request, ask)
         if decided is None and body.stream and ask.format == "text":
@@ -76,11 +73,7 @@ def openai_router(server: Server) -> APIRouter:
 
     @router.post("/v1/completions", openapi_extra=documented(CompletionRequest))
     async def completions(request: Request) -> Any:
-        body = parse_body(CompletionRequest, await server.read_json(request))
-        server.check_model(body.model)
-        refused = body.refused()
-        if refused is not None:
-            raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
+        body = await read_request(server, request, CompletionRequest)
         return await _completion_reply(server, body)
 
     return router

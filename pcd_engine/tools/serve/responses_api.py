@@ -27,12 +27,13 @@ from pcd_engine.tools.serve.answers import (
     decide,
     extract_options,
     function_tool,
+    read_request,
     respond,
     token_limit,
 )
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import ResponsesRequest, documented, parse_body
+from pcd_engine.tools.serve.models import ResponsesRequest, documented
 
 __all__ = ["responses_router"]
 
@@ -43,11 +44,7 @@ def responses_router(server: Server) -> APIRouter:
 
     @router.post("/v1/responses", openapi_extra=documented(ResponsesRequest))
     async def responses(request: Request) -> Any:
-        body = parse_body(ResponsesRequest, await server.read_json(request))
-        server.check_model(body.model)
-        refused = body.refused()
-        if refused is not None:
-            raise HTTPError(400, "unsupported_parameter", refused[1], param=refused[0])
+        body = await read_request(server, request, ResponsesRequest)
         ask = _ask(server, body)
         answer = await decide(server, request, ask) or await respond(server, request, ask)
         response = _response(server, body, answer)
