@@ -157,7 +157,8 @@ def test_chat_openai_on_the_responses_api(base, default_engine):
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(model=MODEL, base_url=base, api_key="unused", max_retries=0, use_responses_api=True, max_tokens=8)
-    assert isinstance(llm.invoke("Say hi").text, str)
+    said = llm.invoke("Say hi").text
+    assert said and "".join(chunk.text for chunk in llm.stream("Say hi")) == said  # the Responses stream
     got = llm.with_structured_output(Ticket, method="json_schema").invoke(TEXT)
     assert got == Ticket(**default_engine.extract(TEXT, Ticket).values)
     reply = llm.bind_tools([Ticket], tool_choice="Ticket").invoke(TEXT)

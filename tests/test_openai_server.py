@@ -352,11 +352,16 @@ def test_responses_text_schema_and_tools(live, default_engine):
 
 
 def test_responses_stream_and_refusals(live):
-    events = list(live.responses.create(model=MODEL, input="Say hi", max_output_tokens=4, stream=True))
+    events = list(live.responses.create(model=MODEL, input="Say hi", max_output_tokens=8, stream=True))
     kinds = [e.type for e in events]
     assert kinds[0] == "response.created" and kinds[-1] in ("response.completed", "response.incomplete")
-    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
-    assert deltas == events[-1].response.output_text
+    deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) > 1  # free text is streamed as it is written, not in one piece
+    assert "".join(deltas) == events[-1].response.output_text
+    assert events[0].response.id == events[-1].response.id
+    assert [e.sequence_number for e in events] == list(range(1, len(events) + 1))
+    added, done = (next(e.item.id for e in events if e.type == f"response.output_item.{k}") for k in ("added", "done"))
+    assert added == done == events[-1].response.output[0].id
     tools = [{"type": "function", **t["function"]} for t in TOOLS]
     streamed = list(live.responses.create(model=MODEL, input=ASK, tools=tools, tool_choice="required", stream=True))
     done = [e for e in streamed if e.type == "response.function_call_arguments.done"]

@@ -4,21 +4,24 @@ The input (a string, or message / ``function_call`` / ``function_call_output`` i
 tool calls and results labelled; ``text.format`` picks a scored JSON Schema, a JSON object under a grammar, or
 free text; function tools are the engine's scored decision. The reply is a ``response`` object whose ``output``
 holds one ``message`` (``output_text``) or the ``function_call`` items, with the usage and pcd's evidence in the
-extra field ``pcd``. With ``stream`` the same response is sent as the Responses event sequence once it is complete
-(pcd decides before it writes, so there is nothing earlier to send). Nothing is stored: ``store=true`` and
+extra field ``pcd``. With ``stream``, free text is sent as it is written (one ``output_text.delta`` per chunk);
+a scored answer or tool calls are sent as the event sequence once decided (pcd decides before it writes, so
+there is nothing earlier to send). Nothing is stored: ``store=true`` and
 ``previous_response_id`` are refused.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pcd_engine.tools.serve.answers import (
     Answer,
@@ -29,6 +32,7 @@ from pcd_engine.tools.serve.answers import (
     function_tool,
     read_request,
     respond,
+    text_chunks,
     token_limit,
 )
 from pcd_engine.tools.serve.app import Server
@@ -46,8 +50,10 @@ def responses_router(server: Server) -> APIRouter:
     async def responses(request: Request) -> Any:
         body = await read_request(server, request, ResponsesRequest)
         ask = _ask(server, body)
-        answer = await decide(server, request, ask) or await respond(server, request, ask)
-        response = _response(server, body, answer)
+        decided = await decide(server, request, ask)
+        if decided is None and body.stream and ask.format == "text":
+            return await _text_stream(server, body, ask)
+        response = _response(server, body, decided or await respond(server, request, ask))
         if body.stream:
             return StreamingResponse(_events(response), media_type="text/event-stream")
         return JSONResponse(response)
@@ -119,8 +125,11 @@ def _turns(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _response(server: Server, body: ResponsesRequest, answer: Answer) -> dict[str, Any]:
-    """The ``response`` object of an answer."""
+def _response(
+    server: Server, body: ResponsesRequest, answer: Answer, *, ids: tuple[str, str] | None = None
+) -> dict[str, Any]:
+    """The ``response`` object of an answer (``ids``: the response's and its message's, when already sent)."""
+    response_id, message_id = ids or (f"resp_{uuid.uuid4().hex[:24]}", f"msg_{uuid.uuid4().hex[:24]}")
     output: list[dict[str, Any]]
     if answer.calls:
         output = [
@@ -131,7 +140,7 @@ def _response(server: Server, body: ResponsesRequest, answer: Answer) -> dict[st
     else:
         text = {"type": "output_text", "text": answer.content or "", "annotations": [], "logprobs": []}
         output = [
-            {"type": "message", "id": f"msg_{uuid.uuid4().hex[:24]}", "status": "completed", "role": "assistant",
+            {"type": "message", "id": message_id, "status": "completed", "role": "assistant",
              "content": [text]}
         ]  # fmt: skip
     cut = answer.finish_reason == "length"
@@ -143,7 +152,7 @@ def _response(server: Server, body: ResponsesRequest, answer: Answer) -> dict[st
         "total_tokens": answer.prompt_tokens + answer.completion_tokens,
     }
     response: dict[str, Any] = {
-        "id": f"resp_{uuid.uuid4().hex[:24]}",
+        "id": response_id,
         "object": "response",
         "created_at": int(time.time()),
         "status": "incomplete" if cut else "completed",
@@ -172,38 +181,96 @@ def _response(server: Server, body: ResponsesRequest, answer: Answer) -> dict[st
     return response
 
 
+class _Events:
+    """Responses stream events, numbered in order."""
+
+    def __init__(self) -> None:
+        self.sequence = 0
+
+    def __call__(self, kind: str, **data: Any) -> str:
+        self.sequence += 1
+        payload = {"type": kind, "sequence_number": self.sequence, **data}
+        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def opening(self, response: dict[str, Any]) -> list[str]:
+        """``response.created`` and ``response.in_progress``, for a response not written yet."""
+        opening = {**response, "status": "in_progress", "output": [], "usage": None}
+        return [self("response.created", response=opening), self("response.in_progress", response=opening)]
+
+    def message_start(self, item: dict[str, Any], index: int) -> list[str]:
+        """A message item and its text part, opened empty."""
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            self("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
+                                                                          "content": []}),
+            self("response.content_part.added", **where, part={**item["content"][0], "text": ""}),
+        ]  # fmt: skip
+
+    def delta(self, item: dict[str, Any], index: int, text: str) -> str:
+        return self("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0,
+                    delta=text, logprobs=[])  # fmt: skip
+
+    def message_end(self, item: dict[str, Any], index: int) -> list[str]:
+        """A message's text part and item, closed with their whole text."""
+        part = item["content"][0]
+        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+        return [
+            self("response.output_text.done", **where, text=part["text"], logprobs=[]),
+            self("response.content_part.done", **where, part=part),
+            self("response.output_item.done", output_index=index, item=item),
+        ]
+
+    def closing(self, response: dict[str, Any]) -> str:
+        kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
+        return self(kind, response=response)
+
+
 async def _events(response: dict[str, Any]) -> AsyncIterator[str]:
     """The Responses event sequence of a complete response: created, each output item with its content, then
     completed."""
-    sequence = 0
-
-    def event(kind: str, **data: Any) -> str:
-        nonlocal sequence
-        sequence += 1
-        payload = {"type": kind, "sequence_number": sequence, **data}
-        return f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-    opening = {**response, "status": "in_progress", "output": [], "usage": None}
-    yield event("response.created", response=opening)
-    yield event("response.in_progress", response=opening)
+    event = _Events()
+    for line in event.opening(response):
+        yield line
     for index, item in enumerate(response["output"]):
         if item["type"] == "message":
-            part = item["content"][0]
-            yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
-                                                                                 "content": []})  # fmt: skip
-            empty = {**part, "text": ""}
-            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            yield event("response.content_part.added", **where, part=empty)
-            if part["text"]:
-                yield event("response.output_text.delta", **where, delta=part["text"], logprobs=[])
-            yield event("response.output_text.done", **where, text=part["text"], logprobs=[])
-            yield event("response.content_part.done", **where, part=part)
+            for line in event.message_start(item, index):
+                yield line
+            if item["content"][0]["text"]:
+                yield event.delta(item, index, item["content"][0]["text"])
+            for line in event.message_end(item, index):
+                yield line
         else:
             yield event("response.output_item.added", output_index=index, item={**item, "status": "in_progress",
                                                                                  "arguments": ""})  # fmt: skip
             where = {"item_id": item["id"], "output_index": index}
             yield event("response.function_call_arguments.delta", **where, delta=item["arguments"])
             yield event("response.function_call_arguments.done", **where, arguments=item["arguments"])
-        yield event("response.output_item.done", output_index=index, item=item)
-    kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
-    yield event(kind, response=response)
+            yield event("response.output_item.done", output_index=index, item=item)
+    yield event.closing(response)
+
+
+async def _text_stream(server: Server, body: ResponsesRequest, ask: Ask) -> Any:
+    """Free text streamed as it is written: the opening events, one ``output_text.delta`` per chunk, then the
+    closing events with the whole response."""
+    chunks = text_chunks(server, ask)
+    first = await run_in_threadpool(next, chunks)  # bad input is a 4xx, not a broken stream
+    ids = (f"resp_{uuid.uuid4().hex[:24]}", f"msg_{uuid.uuid4().hex[:24]}")
+
+    def events() -> Iterator[str]:
+        event = _Events()
+        empty = _response(server, body, Answer("", (), "stop", first.prompt_tokens, 0, None), ids=ids)
+        item = empty["output"][0]
+        yield from event.opening(empty)
+        yield from event.message_start(item, 0)
+        text, last = "", first
+        for chunk in itertools.chain([first], chunks):
+            last = chunk
+            if chunk.text:
+                text += chunk.text
+                yield event.delta(item, 0, chunk.text)
+        answer = Answer(text, (), str(last.finish_reason), last.prompt_tokens, last.completion_tokens, None)
+        final = _response(server, body, answer, ids=ids)
+        yield from event.message_end(final["output"][0], 0)
+        yield event.closing(final)
+
+    return StreamingResponse(iterate_in_threadpool(events()), media_type="text/event-stream")
