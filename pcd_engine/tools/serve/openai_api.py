@@ -81,17 +81,10 @@ def openai_router(server: Server) -> APIRouter:
 
 async def _completion_reply(server: Server, body: CompletionRequest) -> Any:
     """The greedy continuation of a raw prompt, as a ``text_completion`` (streamed when asked)."""
-    limit = 16 if body.max_tokens is None else body.max_tokens
-    if limit < 1:
-        raise HTTPError(400, "invalid_request", "max_tokens: expected a positive integer.", param="max_tokens")
+    limit = token_limit(16 if body.max_tokens is None else body.max_tokens, server, param="max_tokens")
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
-    stop = stops(body.stop)
     chunks = stream_text(
-        server.engine,
-        prompt,
-        max_new_tokens=min(limit, server.max_new_tokens),
-        stop=stop,
-        time_limit_s=server.limits.time_limit_s,
+        server.engine, prompt, max_new_tokens=limit, stop=stops(body.stop), time_limit_s=server.limits.time_limit_s
     )
     first = await run_in_threadpool(next, chunks)  # bad input is a 4xx, not a broken stream
     completion_id = f"cmpl-{uuid.uuid4().hex[:24]}"
@@ -118,26 +111,39 @@ async def _completion_reply(server: Server, body: CompletionRequest) -> Any:
     last = pieces[-1]
     text = "".join(p.text for p in pieces)
     choice = {"index": 0, "text": text, "finish_reason": last.finish_reason, "logprobs": None}
-    return JSONResponse(
-        {
-            "id": completion_id,
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": server.model_name,
-            "choices": [choice],
-            "usage": _usage(last.prompt_tokens, last.completion_tokens),
-        }
-    )
+    usage = _usage(last.prompt_tokens, last.completion_tokens)
+    return JSONResponse(_body(completion_id, server.model_name, "text_completion", [choice], usage=usage))
 
 
-def _sse(
-    completion_id: str, model: str, kind: str, choices: list[dict[str, Any]], usage: dict[str, int] | None = None
-) -> str:
-    """One Server-Sent Event of a streamed ``kind`` (``text_completion``), usage included when given."""
+def _body(
+    completion_id: str,
+    model: str,
+    kind: str,
+    choices: list[dict[str, Any]],
+    *,
+    usage: dict[str, int] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """An OpenAI object of ``kind`` (``chat.completion``, ``chat.completion.chunk``, ``text_completion``): its
+    choices, the usage when given, then pcd's extra fields."""
     body: dict[str, Any] = {"id": completion_id, "object": kind, "created": int(time.time()), "model": model}
     body["choices"] = choices
     if usage is not None:
         body["usage"] = usage
+    return {**body, **(extra or {})}
+
+
+def _sse(
+    completion_id: str,
+    model: str,
+    kind: str,
+    choices: list[dict[str, Any]],
+    *,
+    usage: dict[str, int] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> str:
+    """One Server-Sent Event carrying :func:`_body`."""
+    body = _body(completion_id, model, kind, choices, usage=usage, extra=extra)
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
@@ -265,16 +271,8 @@ def _completion(
     extra: dict[str, Any] | None,
     logprobs: dict[str, Any] | None = None,
 ) -> Any:
-    body = {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}],
-        "usage": usage,
-        **(extra or {}),
-    }
-    return JSONResponse(body)
+    choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}
+    return JSONResponse(_body(completion_id, model, "chat.completion", [choice], usage=usage, extra=extra))
 
 
 def _event(
@@ -287,28 +285,13 @@ def _event(
     logprobs: dict[str, Any] | None = None,
 ) -> str:
     """One Server-Sent Event carrying a ``chat.completion.chunk``."""
-    body = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}],
-        **(extra or {}),
-    }
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+    return _sse(completion_id, model, "chat.completion.chunk", [choice], extra=extra)
 
 
 def _usage_event(completion_id: str, model: str, usage: dict[str, int]) -> str:
     """The last chunk ``stream_options.include_usage`` asks for: no choices, the usage."""
-    body = {
-        "id": completion_id,
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [],
-        "usage": usage,
-    }
-    return f"data: {json.dumps(body)}\n\n"
+    return _sse(completion_id, model, "chat.completion.chunk", [], usage=usage)
 
 
 def _stream_response(
