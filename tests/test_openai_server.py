@@ -285,6 +285,41 @@ def test_json_object_is_written_under_a_json_grammar(live, default_engine):
     assert chunks[-1].usage.completion_tokens == direct.completion_tokens
 
 
+def test_schema_in_prompt_finds_the_last_compilable_object_schema():
+    from pcd_engine.chat import ChatMessage
+    from pcd_engine.tools.serve.answers import schema_in_prompt
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    system = f'Be brief. Not this: {{"a": 1}} nor {{"properties": 3}}. Match:\n{json.dumps(schema, indent=2)}\nThanks.'
+    talk = [ChatMessage("system", system), ChatMessage("user", "Is it fine?")]
+    found = schema_in_prompt(talk)
+    assert found is not None
+    got, rest = found
+    assert got == schema
+    kept = 'Be brief. Not this: {"a": 1} nor {"properties": 3}. Match:\n\nThanks.'
+    assert rest == [ChatMessage("system", kept), talk[1]]
+    only = [ChatMessage("system", json.dumps(schema)), talk[1]]
+    assert schema_in_prompt(only) == (schema, [talk[1]])  # a turn that was only the schema is dropped
+    assert schema_in_prompt([ChatMessage("user", json.dumps(schema))]) is None  # user turns are content, not format
+    assert schema_in_prompt([ChatMessage("system", '{"properties": {"x": {"$ref": "#/no"}}}')]) is None
+
+
+def test_json_object_with_a_schema_in_the_system_turn_is_scored(live, default_engine):
+    schema = {"type": "object", "properties": {"wants_refund": {"type": "boolean"}}, "required": ["wants_refund"]}
+    text = "I was charged twice. Give me my money back."
+    messages = [
+        {"role": "system", "content": f"Answer in JSON matching this schema:\n{json.dumps(schema)}"},
+        {"role": "user", "content": text},
+    ]
+    raw = live.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, response_format={"type": "json_object"}
+    )
+    body = json.loads(raw.text)
+    expected = default_engine.extract(document_text(["Answer in JSON matching this schema:", text]), schema)
+    assert json.loads(body["choices"][0]["message"]["content"]) == expected.values
+    assert body["pcd"]["schema_source"] == "prompt"
+
+
 def test_legacy_completions_continue_the_raw_prompt(live, default_engine):
     from pcd_engine import stream_text
 

@@ -166,6 +166,7 @@ MODULE_ALL = {
         "function_tool",
         "read_request",
         "respond",
+        "schema_in_prompt",
         "stops",
         "text_chunks",
         "token_limit",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
 
 from fastapi import Request
@@ -37,6 +37,7 @@ __all__ = [
     "extract_options",
     "function_tool",
     "respond",
+    "schema_in_prompt",
     "stops",
     "text_chunks",
     "token_limit",
@@ -128,11 +129,20 @@ async def respond(server: Server, request: Request, ask: Ask) -> Answer:
     """The answer in ``ask.format`` (tools aside: see :func:`decide`): a scored JSON Schema, a JSON object under
     a grammar, or free text.
 
+    A ``json_object`` request whose system (or developer) turns carry a JSON Schema, as instructor's
+    ``Mode.JSON`` sends it, is answered as that schema (see :func:`schema_in_prompt`); the evidence then says
+    ``"schema_source": "prompt"``.
+
     Raises:
         HTTPError: 400 for a schema pcd cannot honour.
     """
     if ask.format == "json_schema":
         return await _scored(server, request, ask)
+    found = schema_in_prompt(ask.messages) if ask.format == "json_object" else None
+    if found is not None:
+        schema, messages = found
+        answer = await _scored(server, request, replace(ask, schema=schema, messages=messages))
+        return replace(answer, pcd={**(answer.pcd or {}), "schema_source": "prompt"})
     if ask.format == "json_object":
         reply = await run_in_threadpool(
             json_chat,
@@ -210,6 +220,55 @@ async def _scored(server: Server, request: Request, ask: Ask) -> Answer:
 
 
 # ------------------------------------------------------------------------------------------------ reading
+
+
+def schema_in_prompt(messages: Sequence[ChatMessage]) -> tuple[dict[str, Any], list[ChatMessage]] | None:
+    """The JSON Schema a client wrote into the instructions of a ``json_object`` request, and the conversation
+    without it.
+
+    Clients that ask for a JSON object often put the schema in the system turn instead of the request
+    (instructor's ``Mode.JSON``, LangChain's JSON-format instructions). The last JSON object in a system turn
+    that pcd can compile as an object schema (a ``properties`` mapping) is taken; its text is cut from that
+    turn, since the scored answer states the schema itself.
+
+    Args:
+        messages: The conversation.
+
+    Returns:
+        ``(schema, messages)``, or ``None`` when no system turn carries a schema pcd compiles.
+    """
+    decoder = json.JSONDecoder()
+    for index in range(len(messages) - 1, -1, -1):
+        turn = messages[index]
+        if turn.role != "system":
+            continue
+        found: tuple[dict[str, Any], int, int] | None = None
+        start = turn.content.find("{")
+        while start != -1:
+            try:
+                value, end = decoder.raw_decode(turn.content, start)
+            except ValueError:
+                start = turn.content.find("{", start + 1)
+                continue
+            if isinstance(value, dict) and isinstance(value.get("properties"), dict) and _compiles(value):
+                found = (value, start, end)
+            start = turn.content.find("{", end)
+        if found is not None:
+            schema, start, end = found
+            rest = (turn.content[:start] + turn.content[end:]).strip()
+            kept = [m for i, m in enumerate(messages) if i != index]
+            if rest:
+                kept.insert(index, ChatMessage(turn.role, rest))
+            return schema, kept
+    return None
+
+
+def _compiles(schema: dict[str, Any]) -> bool:
+    try:
+        compile_schema(schema)
+    except SchemaError:
+        return False
+    return True
 
 
 def function_tool(name: Any, description: Any, parameters: Any, *, where: str, param: str) -> Tool:
