@@ -20,7 +20,7 @@ from typing import Any
 from pcd_engine.errors import OptionError
 from pcd_engine.limits import RequestLimits
 
-__all__ = ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"]
+__all__ = ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat", "check_batch_size"]
 
 STRATEGIES = ("marginal", "exact", "trie_walk")
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
@@ -197,6 +197,9 @@ class EngineOptions:
         temperature: The default temperature of the reported probabilities.
         prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
             template arguments).
+        batch_size: The most documents :meth:`~pcd_engine.engine.Engine.extract_many` decides in one pass;
+            ``None`` lets the engine choose (16 where the backend batches documents, else 1). The memory budget
+            and the documents' lengths may split a batch further.
     """
 
     anchor: bool = True
@@ -211,8 +214,10 @@ class EngineOptions:
     strategy: str | None = None
     temperature: float = 1.0
     prompt: PromptFormat = field(default_factory=PromptFormat)
+    batch_size: int | None = None
 
     def __post_init__(self) -> None:
+        check_batch_size(self.batch_size)
         if self.max_tokens < 1:
             raise OptionError(f"max_tokens: expected an integer >= 1, but got {self.max_tokens}.")
         if self.head_cache_size < 1:
@@ -241,6 +246,19 @@ class EngineOptions:
             chat_template_kwargs=self.prompt.chat_template_kwargs,
             limits=self.limits,
         )
+
+
+def check_batch_size(value: Any) -> int | None:
+    """``value`` as a batch size: an integer >= 1, or ``None`` for the engine's choice.
+
+    Raises:
+        OptionError: If it is anything else (a bool, a float, a string, zero or less).
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionError(f"batch_size: expected an integer >= 1 or None, but got {value!r}.")
+    return value
 
 
 def _strategy(name: Any) -> str | None:

@@ -44,10 +44,28 @@ from pcd_engine.tree import TreeBatch
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
-__all__ = ["PHASES", "Request", "prefill"]
+__all__ = ["PHASES", "Request", "WavePlan", "prefill"]
 
 PHASES = ("tokenize", "prefill", "compile", "forward", "decode", "generate")
 _EMPTY = TreeBatch((), (), (), (), (), ())
+
+
+@dataclass(frozen=True)
+class WavePlan:
+    """A wave of one request, compiled and ready to score.
+
+    Attributes:
+        index: The wave's index.
+        asked: The wave's questions (one per field, one per label of a multi-label field) with more than one
+            label, each with its field.
+        compiled: The compiled wave (tree and tail), or ``None`` when nothing is asked.
+        passes: The tree's passes within the budget (the first one also feeds the pending tokens).
+    """
+
+    index: int
+    asked: list[tuple[FieldSpec, FieldSpec]]
+    compiled: CompiledWave | None
+    passes: list[TreeBatch]
 
 
 @dataclass
@@ -72,6 +90,8 @@ class Request:
         prefill_passes: Passes spent prefilling the schema head (0 when it was cached).
         generation_passes: Passes spent generating the open rows.
         generated_tokens: Tokens generated for the open rows.
+        passes: Forward passes this request took part in, as a batch counts them (see :meth:`result`).
+        documents_per_pass: For each scoring pass, how many documents shared it.
         phases: Milliseconds per phase.
         results: Each decided field's result, by name.
         warnings: What the caller should know, in order.
@@ -94,6 +114,8 @@ class Request:
     prefill_passes: int = 0
     generation_passes: int = 0
     generated_tokens: int = 0
+    passes: int = 0
+    documents_per_pass: list[int] = field(default_factory=list)
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     results: dict[str, FieldResult] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -172,18 +194,33 @@ class Request:
     def decide_wave(self, index: int) -> None:
         """Score wave ``index``'s tree (one pass unless the budget splits it), record each field's result, and
         write the answers later waves read into the tail."""
-        wave = self.waves[index]
-        asked = [(spec, q) for spec in wave for q in questions(spec) if len(q.labels) > 1]
-        decided: dict[str, list[Decision]] = {}
-        if asked:
-            with self.timed("compile"):
-                cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
-                self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
-                passes = self.tree_passes(cw)
+        plan = self.plan_wave(index)
+        logprobs = None
+        if plan.compiled is not None:
             with self.timed("forward"):
-                logprobs = self.score(passes, len(cw.tree), index)
+                logprobs = self.score(plan.passes, len(plan.compiled.tree), index)
+        self.finish_wave(plan, logprobs)
+
+    def plan_wave(self, index: int) -> WavePlan:
+        """Compile wave ``index`` for this request's tail, queue its tail tokens, and plan its passes within the
+        budget (the first step of :meth:`decide_wave`; a batch runs the passes of many requests together)."""
+        asked = [(spec, q) for spec in self.waves[index] for q in questions(spec) if len(q.labels) > 1]
+        if not asked:
+            return WavePlan(index, asked, None, [])
+        with self.timed("compile"):
+            cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
+            self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
+            passes = self.tree_passes(cw)
+        return WavePlan(index, asked, cw, passes)
+
+    def finish_wave(self, plan: WavePlan, logprobs: np.ndarray | None) -> None:
+        """Decide a planned wave from its tree's log-probabilities (``None`` when nothing was asked), record each
+        field's result, and write the answers later waves read into the tail."""
+        index, wave = plan.index, self.waves[plan.index]
+        decided: dict[str, list[Decision]] = {}
+        if plan.compiled is not None and logprobs is not None:
             with self.timed("decode"):
-                for (spec, _q), trie in zip(asked, cw.fields, strict=True):
+                for (spec, _q), trie in zip(plan.asked, plan.compiled.fields, strict=True):
                     decided.setdefault(spec.name, []).append(self.decide(trie, logprobs))
         options = self.engine.options
         for spec in wave:
@@ -248,9 +285,10 @@ class Request:
                 self.results[spec.name] = generated_result(spec, generated, len(self.waves), limit, self.warnings)
                 self.generated_tokens += generated.tokens
 
-    def result(self, *, started: float, passes_before: int) -> ExtractionResult:
+    def result(self, *, started: float, passes_before: int | None = None) -> ExtractionResult:
         """The extraction's result, with its statistics since ``started`` (a ``perf_counter`` reading) and
-        ``passes_before`` (the thread's pass count when the call began)."""
+        ``passes_before`` (the thread's pass count when the call began; ``None`` takes :attr:`passes`, the count
+        a batch keeps per request)."""
         warnings = list(self.warnings)
         if self.head.prompt.system_folded:
             warnings.insert(0, "The chat template has no system role; the instructions were put in the user turn.")
@@ -262,12 +300,13 @@ class Request:
             phases_ms=phases,
             prompt_tokens=self.prompt_tokens,
             cached_tokens=len(self.head.prompt.head_ids),
-            forward_passes=self.backend.thread_passes - passes_before,
+            forward_passes=self.passes if passes_before is None else self.backend.thread_passes - passes_before,
             nodes_scored=self.nodes_scored,
             waves=len(self.waves),
             generation_passes=self.generation_passes,
             generated_tokens=self.generated_tokens,
             prefill_passes=self.prefill_passes,
+            documents_per_pass=tuple(self.documents_per_pass),
         )
         values = {name: r.value for name, r in ordered.items()}
         return ExtractionResult(values, ordered, tuple(warnings), stats, self.schema)
@@ -308,10 +347,16 @@ class Request:
         for batch in passes:
             self.watch.check(f"a scoring pass of wave {index}")
             scored = self.backend.score_tree(self.state, causal=self.pending, batch=batch)
-            logprobs[list(batch.query_nodes)] = scored
-            self.pending = []
-            self.nodes_scored += len(batch.tokens)
+            self.absorb(batch, scored, logprobs, documents=1)
         return logprobs
+
+    def absorb(self, batch: TreeBatch, scored: np.ndarray, logprobs: np.ndarray, *, documents: int) -> None:
+        """Record one scoring pass of this request (its pending tokens are now fed): the queried nodes'
+        log-probs into ``logprobs``, and how many ``documents`` shared the pass."""
+        logprobs[list(batch.query_nodes)] = scored
+        self.pending = []
+        self.nodes_scored += len(batch.tokens)
+        self.documents_per_pass.append(documents)
 
     def extend(self, tail_ids: Sequence[int], causal_len: int, *, where: str, need_new: bool) -> None:
         """Queue the tail tokens a compiled wave or row plan needs after what the state already holds.

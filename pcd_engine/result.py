@@ -101,6 +101,8 @@ class ExtractionStats:
         generated_tokens: Tokens generated over all open fields.
         prefill_passes: Of ``forward_passes``, those that prefilled the schema head (0 when its cache hit; more
             than 1 when the memory budget split a long head into chunks).
+        documents_per_pass: For each scoring pass of the request, how many documents shared it (1 when it ran
+            alone; more in a batch of :meth:`~pcd_engine.engine.Engine.extract_many`).
     """
 
     phases_ms: Mapping[str, float]
@@ -112,6 +114,7 @@ class ExtractionStats:
     generation_passes: int = 0
     generated_tokens: int = 0
     prefill_passes: int = 0
+    documents_per_pass: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,7 @@ class ExtractionResult:
             "generation_passes": s.generation_passes,
             "generated_tokens": s.generated_tokens,
             "prefill_passes": s.prefill_passes,
+            "documents_per_pass": list(s.documents_per_pass),
         }
         return {"values": dict(self.values), "fields": fields, "warnings": list(self.warnings), "stats": stats}
 

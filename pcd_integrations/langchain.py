@@ -413,8 +413,9 @@ class ChatPCD(BaseChatModel):
     def _structured(
         self, conversations: Sequence[Sequence[BaseMessage]], target: _Target
     ) -> list[ChatResult | Exception]:
-        """Decide ``target`` for every conversation with ONE engine call; a conversation the engine cannot read
-        (no text) gets its own error and never fails the others."""
+        """Decide ``target`` for every conversation with ONE engine call (:meth:`Engine.extract_many`: one pass per
+        wave for a whole batch); a conversation the engine cannot read (no text, too long) gets its own error and
+        never fails the others."""
         engine = self.get_engine()
         documents = [_document(c) for c in conversations]
         options = target.options.over(ExtractOptions.parse(self.options, where="ChatPCD options"))
@@ -427,11 +428,13 @@ class ChatPCD(BaseChatModel):
                 errors[i] = exc
         readable = [i for i in range(len(documents)) if i not in errors]
         try:
-            results = engine.extract_many([documents[i] for i in readable], target.engine_schema, options=options)
+            results = engine.extract_many(
+                [documents[i] for i in readable], target.engine_schema, options=options, return_exceptions=True
+            )
         except SchemaError as exc:
             failed = AIMessage(content="", response_metadata={"pcd_error": str(exc), "model_name": self.model_name})
             return [ChatResult(generations=[ChatGeneration(message=failed)]) for _ in documents]
-        decided = iter([self._message(result, target) for result in results])
+        decided = iter([r if isinstance(r, Exception) else self._message(r, target) for r in results])
         return [errors[i] if i in errors else next(decided) for i in range(len(documents))]
 
     def _message(self, result: ExtractionResult, target: _Target) -> ChatResult:

@@ -517,7 +517,8 @@ class PCDMetadataExtractor(BaseExtractor):
         return tags
 
     def extract_batches(self, nodes: Sequence[BaseNode]) -> list[dict[str, Any]]:
-        """One metadata dict per node, in order, from one engine call per ``batch_size`` nodes."""
+        """One metadata dict per node, in order, from one engine call per ``batch_size`` nodes (decided together:
+        one pass per wave for the batch, see :meth:`Engine.extract_many`)."""
         engine = self._get_engine()
         options = ExtractOptions.parse(self.options, where="PCDMetadataExtractor options").over(self._base_options)
         texts = [n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
@@ -526,7 +527,9 @@ class PCDMetadataExtractor(BaseExtractor):
         out: list[dict[str, Any]] = [{} for _ in nodes]
         for start in range(0, len(todo), self.batch_size):
             chunk = todo[start : start + self.batch_size]
-            results = engine.extract_many([texts[i] for i in chunk], self.output_cls, options=options)
+            results = engine.extract_many(
+                [texts[i] for i in chunk], self.output_cls, options=options, batch_size=self.batch_size
+            )
             for i, result in zip(chunk, results, strict=True):
                 out[i] = self._tags(result)
         return out

@@ -36,9 +36,10 @@ class Spy(Engine):
         super().__init__(backend, **options)
         self.seen: list[ExtractOptions] = []
 
-    def extract(self, text, schema, options=None, *, cancelled=None, **knobs):
-        self.seen.append(self.resolve(options, **knobs))
-        return super().extract(text, schema, options, cancelled=cancelled, **knobs)
+    def resolve(self, options=None, **knobs):  # every call (extract, extract_many, ...) resolves its options here
+        resolved = super().resolve(options, **knobs)
+        self.seen.append(resolved)
+        return resolved
 
 
 @pytest.fixture()

@@ -215,8 +215,16 @@ MODULE_ALL = {
         "too_deep",
     ],
     "pcd_engine.limits": ["SERVER_LIMITS", "RequestLimits", "Watch"],
-    "pcd_engine.request": ["PHASES", "Request", "prefill"],
-    "pcd_engine.options": ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat"],
+    "pcd_engine.request": ["PHASES", "Request", "WavePlan", "prefill"],
+    "pcd_engine.options": [
+        "STRATEGIES",
+        "STRATEGY_ALIASES",
+        "EngineOptions",
+        "ExtractOptions",
+        "PromptFormat",
+        "check_batch_size",
+    ],
+    "pcd_engine.batch": ["Batch", "Member", "fits", "groups", "run_batch"],
     "pcd_engine.lru": ["LRU"],
     "pcd_engine.calls": [
         "ANSWER",

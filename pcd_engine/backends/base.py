@@ -5,7 +5,8 @@ A backend owns a model and its tokenizer and offers these operations, in this or
 1. :meth:`Backend.prefill` runs a schema's head once and returns an immutable :class:`Prefix` (its KV cache);
 2. :meth:`Backend.start` opens a per-request :class:`RequestState` on top of a prefix, never modifying it;
 3. :meth:`Backend.score_tree` appends causal tokens to the state and reads the log-probabilities of a packed
-   token tree in the same forward pass; the tree never stays in the state;
+   token tree in the same forward pass; the tree never stays in the state (:meth:`Backend.score_trees` does the
+   same for several requests, in one pass where the backend can batch them);
 4. :meth:`Backend.generate_rows` grows one row per open field on top of a state, one forward pass per step
    for all rows (shared here: the packed path grows the rows as a tree in one sequence, the fallback
    broadcasts the model's own cache over a batch);
@@ -172,6 +173,32 @@ class Backend(ABC):
         Returns:
             ``float64`` array: for each query, ``log p(query_token | row's context)``.
         """
+
+    @property
+    def batches_documents(self) -> bool:
+        """Whether :meth:`score_trees` runs several requests in ONE forward pass (else one pass each)."""
+        return False
+
+    def score_trees(
+        self,
+        states: Sequence[RequestState],
+        *,
+        causals: Sequence[Sequence[int]],
+        batches: Sequence[TreeBatch],
+    ) -> list[np.ndarray]:
+        """:meth:`score_tree` for several requests: in ONE forward pass when :attr:`batches_documents` (each
+        request a batch row over its own cache), else one pass each. Each request's answer equals its own
+        :meth:`score_tree` call, and each state grows by its own causal tokens only.
+
+        Args:
+            states: The requests' states (distinct objects).
+            causals: Per request, the tokens to append causally.
+            batches: Per request, its tree batch.
+
+        Returns:
+            Per request, the log-probabilities of its queries.
+        """
+        return [self.score_tree(s, causal=c, batch=b) for s, c, b in zip(states, causals, batches, strict=True)]
 
     def generate_rows(
         self,

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
-from pcd_engine.errors import ModelLoadError, OptionError, require
+from pcd_engine.errors import ModelLoadError, OptionError, PromptAlignmentError, require
 from pcd_engine.tree import TreeBatch
 
 __all__ = ["TorchBackend"]
@@ -175,6 +175,33 @@ class TorchBackend(Backend):
             raise TypeError(f"score_tree: expected a TorchState, but got {type(state).__name__}.")
         return self._append_and_score(state, causal, batch)
 
+    @property
+    def batches_documents(self) -> bool:
+        """The packed scorer batches requests (one batch row each); the rows fallback scores one at a time."""
+        return self.scorer == "packed"
+
+    @serialized
+    def score_trees(
+        self,
+        states: Sequence[RequestState],
+        *,
+        causals: Sequence[Sequence[int]],
+        batches: Sequence[TreeBatch],
+    ) -> list[np.ndarray]:
+        """Several requests' trees in one pass (see :meth:`Backend.score_trees` and :meth:`_batched_pass`)."""
+        mine = [s for s in states if isinstance(s, TorchState)]
+        if len(mine) != len(states) or len({id(s) for s in mine}) != len(mine):
+            raise TypeError("score_trees: expected distinct TorchState objects.")
+        if self.scorer != "packed" or len(states) < 2:
+            return super().score_trees(states, causals=causals, batches=batches)
+        causal = [[int(t) for t in c] for c in causals]
+        for c, b in zip(causal, batches, strict=True):
+            if not c and -1 in b.query_rows:
+                raise PromptAlignmentError(
+                    "score_trees: expected causal tokens to read the root distribution from, but got none."
+                )
+        return self._batched_pass(mine, causal, list(batches))
+
     def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own cache and masks."""
         torch = _torch()
@@ -257,18 +284,19 @@ class TorchBackend(Backend):
         return fork
 
     def _masks(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray) -> Any:
-        """Float 4-D masks from a visibility matrix: one tensor, or one per layer type with the window built in."""
+        """Float 4-D masks from a visibility matrix (``[queries, keys]``, or ``[batch, queries, keys]`` with
+        per-row positions): one tensor, or one per layer type with the window built in."""
         torch = _torch()
         hidden = torch.finfo(self._dtype).min
 
         def to_tensor(v: np.ndarray) -> Any:
             mask = torch.zeros(v.shape, dtype=self._dtype, device=self._device)
             mask.masked_fill_(torch.from_numpy(~v).to(self._device), hidden)
-            return mask[None, None]
+            return mask[None, None] if v.ndim == 2 else mask[:, None]
 
         if not self._sliding:
             return to_tensor(visible)
-        window = visible & ((qpos[:, None] - kpos[None, :]) < self._window)
+        window = visible & ((qpos[..., :, None] - kpos[..., None, :]) < self._window)
         return {"full_attention": to_tensor(visible), "sliding_attention": to_tensor(window)}
 
     def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
@@ -303,6 +331,82 @@ class TorchBackend(Backend):
         norm = torch.cat([torch.logsumexp(block, dim=-1) for block in logits.split(32)])
         picked = logits[rows, tokens] - norm[rows]
         return picked.double().cpu().numpy()
+
+    def _batched_pass(
+        self, states: list[TorchState], causal: list[list[int]], batches: list[TreeBatch]
+    ) -> list[np.ndarray]:
+        """One packed pass for several requests, one batch row each.
+
+        Every layer gets one buffer of ``[rows, heads, P + C + N, dim]`` slots (``P`` the longest cache, ``C`` the
+        longest causal block, ``N`` the largest tree). Row ``i`` holds its cache left-padded to ``P`` slots, then
+        its causal block, then (from slot ``P + C``) its tree nodes; the pass writes the new keys and values into
+        the buffer in place (see :func:`_filled_layer_class`), so each cache is copied once. The mask is request
+        ``i``'s own :meth:`~pcd_engine.tree.TreeBatch.visibility` moved to those slots (padding is never seen; a
+        padding query sees only itself), positions are each request's own, and only the rows read are projected
+        onto the vocabulary. Afterwards state ``i`` holds a view of its own slots (its cache, then its causal
+        block), so the states are exactly what one :meth:`score_tree` call each would leave.
+        """
+        torch = _torch()
+        from transformers import DynamicCache
+
+        pasts = [s.length for s in states]
+        widest, c_max = max(pasts), max(len(c) for c in causal)
+        t = c_max + max(len(b.tokens) for b in batches)
+        rows = len(states)
+        ids = np.zeros((rows, t), dtype=np.int64)
+        qpos = np.zeros((rows, t), dtype=np.int64)
+        kpos = np.zeros((rows, widest + t), dtype=np.int64)
+        visible = np.zeros((rows, t, widest + t), dtype=bool)
+        visible[:, np.arange(t), widest + np.arange(t)] = True  # padding queries see themselves only
+        read = np.zeros((rows, t), dtype=bool)
+        for i, (past, c, b) in enumerate(zip(pasts, causal, batches, strict=True)):
+            v, q, k = b.visibility(past, len(c))
+            qslots = np.concatenate([np.arange(len(c)), c_max + np.arange(len(b.tokens))])
+            kslots = np.concatenate([widest - past + np.arange(past), widest + qslots])
+            visible[i][np.ix_(qslots, kslots)] = v
+            ids[i, qslots], qpos[i, qslots], kpos[i, kslots] = [*c, *b.tokens], q, k
+            read[i, [len(c) - 1 if r < 0 else c_max + r for r in b.query_rows]] = True
+        cache = DynamicCache()
+        layers: list[Any] = []
+        for index in range(len(states[0].cache.layers)):
+            mine = [s.cache.layers[index] for s in states]
+            layers.append(_FilledLayer.of([m.keys for m in mine], [m.values for m in mine], widest, t))
+        cache.layers = layers
+        with self._grad():
+            out = self.model(
+                input_ids=torch.from_numpy(ids).to(self._device),
+                position_ids=torch.from_numpy(qpos).to(self._device),
+                attention_mask=self._masks(visible, qpos, kpos),
+                **{self._cache_kw: cache},
+                use_cache=True,
+                logits_to_keep=torch.from_numpy(read).to(self._device),
+            )
+        self.forward_passes += 1
+        for i, (state, c) in enumerate(zip(states, causal, strict=True)):
+            if c:
+                lo, hi = widest - pasts[i], widest + len(c)
+                for layer, filled in zip(state.cache.layers, layers, strict=True):
+                    layer.keys, layer.values = filled.keys[i : i + 1, :, lo:hi], filled.values[i : i + 1, :, lo:hi]
+                state.ids.extend(c)
+                state.length += len(c)
+        logits = out.logits
+        if logits.ndim == 3:  # a model that ignores a mask of rows to keep returns every row
+            logits = logits[torch.from_numpy(read).to(logits.device)]
+        logits = logits.float()
+        # Kept rows come in (row, slot) order; map each query to its kept row.
+        kept = np.cumsum(read.ravel()) - 1
+        picks, tokens = [], []
+        for i, (c, b) in enumerate(zip(causal, batches, strict=True)):
+            for r, token in zip(b.query_rows, b.query_tokens, strict=True):
+                picks.append(int(kept[i * t + (len(c) - 1 if r < 0 else c_max + r)]))
+                tokens.append(token)
+        if not picks:
+            return [np.zeros(0) for _ in batches]
+        norm = torch.cat([torch.logsumexp(block, dim=-1) for block in logits.split(32)])
+        where = torch.tensor(picks, device=logits.device)
+        picked = (logits[where, torch.tensor(tokens, device=logits.device)] - norm[where]).double().cpu().numpy()
+        bounds = np.cumsum([0, *(len(b.query_rows) for b in batches)])
+        return [picked[bounds[i] : bounds[i + 1]] for i in range(len(batches))]
 
     @serialized
     def _grow_pass(
@@ -409,3 +513,63 @@ class TorchBackend(Backend):
             )
         self.forward_passes += 1
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu().numpy()
+
+
+def _filled_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    class FilledLayer(DynamicLayer):  # type: ignore[misc]
+        """A cache layer over a preallocated buffer: ``update`` writes the new keys and values into the next
+        slots in place and returns the buffer up to them (a ``DynamicLayer`` would concatenate, copying the whole
+        cache every pass)."""
+
+        filled: int = 0
+
+        @classmethod
+        def of(cls, keys: list[Any], values: list[Any], widest: int, new: int) -> Any:
+            """One buffer row per request: its cache right-aligned in the first ``widest`` slots, zeros around it,
+            room for ``new`` slots after."""
+            torch = _torch()
+            layer = cls()
+            first = keys[0]
+            shape = (len(keys), first.shape[1], widest + new, first.shape[-1])
+            layer.lazy_initialization(first, values[0])
+            layer.keys = torch.zeros(shape, dtype=first.dtype, device=first.device)
+            layer.values = torch.zeros(
+                (*shape[:-1], values[0].shape[-1]), dtype=values[0].dtype, device=values[0].device
+            )
+            for row, (k, v) in enumerate(zip(keys, values, strict=True)):
+                length = k.shape[-2]
+                if length:
+                    layer.keys[row, :, widest - length : widest] = k[0]
+                    layer.values[row, :, widest - length : widest] = v[0]
+            layer.filled = widest
+            return layer
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            keys: Any = self.keys
+            values: Any = self.values
+            end = self.filled + key_states.shape[-2]
+            keys[:, :, self.filled : end] = key_states
+            values[:, :, self.filled : end] = value_states
+            self.filled = end
+            return keys[:, :, :end], values[:, :, :end]
+
+        def get_seq_length(self) -> int:
+            return int(self.filled)
+
+    return FilledLayer
+
+
+class _FilledLayerProxy:
+    """Builds the :func:`_filled_layer_class` layer lazily (transformers is imported only when a pass runs)."""
+
+    cls: Any = None
+
+    def of(self, keys: list[Any], values: list[Any], widest: int, new: int) -> Any:
+        if self.cls is None:
+            type(self).cls = _filled_layer_class()
+        return self.cls.of(keys, values, widest, new)
+
+
+_FilledLayer = _FilledLayerProxy()

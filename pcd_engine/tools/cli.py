@@ -281,6 +281,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         aliases=[args.model, resolve_model(given, backend=engine.backend.name)],
         api_key=api_key,
         cors_origins=args.cors_origin,
+        batch_window_ms=None if args.batch_window < 0 else args.batch_window,
+        max_batch=args.max_batch,
     )
     if not args.quiet:
         print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
@@ -409,6 +411,14 @@ def _add_serve(sub: Any) -> None:
         metavar="ORIGIN",
         help="a web origin whose pages may call the API from a browser (repeatable; default: none)",
     )
+    p.add_argument(
+        "--batch-window",
+        type=float,
+        default=5.0,
+        metavar="MS",
+        help="decide extractions arriving within MS milliseconds of each other in one batch (default: 5; -1: never)",
+    )
+    p.add_argument("--max-batch", type=int, default=None, help="the most extractions in one batch (default: engine's)")
     p.set_defaults(func=cmd_serve)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine.collector import Collector
 from pcd_engine.errors import OptionError, require
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.options import ExtractOptions
@@ -46,6 +47,8 @@ class Server:
         limits: What one extraction may ask for (labels, generated tokens, seconds).
         body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
         aliases: Other names requests may use for the model (``default``, the alias, the folder).
+        collector: Collects concurrent extractions into shared batches (one pass per wave for all of them);
+            ``None`` runs each alone.
     """
 
     engine: Engine
@@ -55,6 +58,7 @@ class Server:
     limits: RequestLimits
     body_timeout_s: float
     aliases: tuple[str, ...] = ()
+    collector: Collector | None = None
 
     @property
     def model_names(self) -> tuple[str, ...]:
@@ -148,10 +152,10 @@ class Server:
             watcher.cancel()
 
     async def extract(self, request: Request, text: str, schema: Schema, options: ExtractOptions) -> ExtractionResult:
-        """One extraction under the server's limits, cancelled if the client goes away."""
-        result: ExtractionResult = await self.run_engine(
-            request, self.engine.extract, text, schema, options, limits=self.limits
-        )
+        """One extraction under the server's limits, cancelled if the client goes away; decided in a shared batch
+        with the other requests of the moment when the server collects them."""
+        run = self.engine.extract if self.collector is None else self.collector.extract
+        result: ExtractionResult = await self.run_engine(request, run, text, schema, options, limits=self.limits)
         return result
 
 
@@ -168,6 +172,8 @@ def create_app(
     aliases: Sequence[str] = (),
     api_key: str | None = None,
     cors_origins: Sequence[str] = (),
+    batch_window_ms: float | None = 5.0,
+    max_batch: int | None = None,
 ) -> Any:
     """Build the ASGI app around a loaded engine.
 
@@ -186,6 +192,10 @@ def create_app(
             otherwise); the page itself stays open.
         cors_origins: Web origins whose pages may call the API from a browser (CORS); none by default, so a page
             on another origin cannot read the answers.
+        batch_window_ms: Extractions arriving within this many milliseconds of each other are decided together
+            (one pass per wave for all; see :class:`~pcd_engine.collector.Collector`); ``None`` decides each
+            alone.
+        max_batch: The most extractions in one batch; ``None`` takes the engine's batch size.
 
     Returns:
         A FastAPI application.
@@ -198,7 +208,13 @@ def create_app(
     from pcd_engine.tools.serve.page_api import page_router
     from pcd_engine.tools.serve.responses_api import responses_router
 
-    server = Server(engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases))
+    collector = (
+        None if batch_window_ms is None else Collector(engine, window_ms=batch_window_ms, max_documents=max_batch)
+    )
+    server = Server(
+        engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases),
+        collector=collector,
+    )  # fmt: skip
     app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)

@@ -1,0 +1,209 @@
+"""Many documents, one pass per wave: requests decided together.
+
+A batch is a list of opened :class:`~pcd_engine.request.Request` objects (one per document; they may have
+different schemas and options). Their waves run in lockstep: for wave ``k`` every request still deciding plans its
+tree, and the requests whose tree fits one pass are scored together by
+:meth:`~pcd_engine.backends.base.Backend.score_trees`, one batch row each over its own cache (the schema heads are
+prefilled once and shared by reference). A request whose tree needs several passes (a very large wave under the
+memory budget) scores alone, and so does every request on a backend that cannot batch
+(:attr:`~pcd_engine.backends.base.Backend.batches_documents` is False: the rows fallback, MLX). Each request's
+answer is the one it would get alone: the decisions are its own and the log-probs differ only by float rounding.
+
+Why batch rows and not one packed forest: in one sequence every query pays for every other document's keys, so a
+pass costs ``(sum of lengths)^2``; as batch rows it costs ``sum(length x own past)``, and documents are sorted by
+length first so that padding stays a small part of each pass (a group is cut where padding would exceed its real
+tokens).
+
+Failures stay with their document: a request that fails to open, plan or finish (an empty text, a text over the
+window, a time limit) is recorded as that document's exception and the rest of the batch goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pcd_engine.request import Request, WavePlan
+from pcd_engine.result import ExtractionResult
+from pcd_engine.tree import TreeBatch
+
+__all__ = ["Batch", "Member", "fits", "groups", "run_batch"]
+
+# A request in a wave's shared pass: the caller's key, the request, and its one tree batch.
+Member = tuple[int, Request, TreeBatch]
+
+
+@dataclass
+class Batch:
+    """Requests decided together, and what became of each.
+
+    Attributes:
+        requests: The live requests, by the caller's index.
+        failed: The caller's index to the exception that ended that request.
+        started: ``perf_counter`` reading when the batch began (each result's total time counts from it).
+        max_documents: The most documents one pass may hold.
+    """
+
+    requests: dict[int, Request]
+    failed: dict[int, Exception] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+    max_documents: int = 64
+
+    def run(self) -> dict[int, ExtractionResult | Exception]:
+        """Decide every wave of every request (together where the backend can), generate the open fields, and
+        return each request's result or exception by index."""
+        depth = max((len(r.waves) for r in self.requests.values()), default=0)
+        for index in range(depth):
+            self.wave(index)
+        out: dict[int, ExtractionResult | Exception] = dict(self.failed)
+        for key, request in sorted(self.requests.items()):
+            with self.step(key, request):
+                with counted(request):
+                    request.generate()
+                out[key] = request.result(started=self.started)
+        return out
+
+    def wave(self, index: int) -> None:
+        """Wave ``index`` of every request that has one: plan, score (shared passes where possible), finish."""
+        plans: dict[int, WavePlan] = {}
+        for key, request in list(self.requests.items()):
+            if index < len(request.waves):
+                with self.step(key, request), counted(request):
+                    plans[key] = request.plan_wave(index)
+        shared = {k: p for k, p in plans.items() if p.compiled is not None and len(p.passes) == 1}
+        backend_batches = any(r.backend.batches_documents for r in self.requests.values())
+        if not backend_batches:
+            shared = {}
+        scored: dict[int, np.ndarray] = {}
+        for key, plan in plans.items():
+            if plan.compiled is not None and key not in shared:
+                request = self.requests[key]
+                with self.step(key, request), counted(request), request.timed("forward"):
+                    scored[key] = request.score(plan.passes, len(plan.compiled.tree), index)
+        members = [(k, self.requests[k], p.passes[0]) for k, p in shared.items() if k in self.requests]
+        for group in groups(members, limit=self.max_documents):
+            scored.update(self.shared_pass(group, shared, index))
+        for key, plan in plans.items():
+            if key in self.requests:
+                with self.step(key, self.requests[key]):
+                    self.requests[key].finish_wave(plan, scored.get(key))
+
+    def shared_pass(self, group: list[Member], plans: dict[int, WavePlan], index: int) -> dict[int, np.ndarray]:
+        """One forward pass for ``group`` (each request's single tree pass); the log-prob of every tree node of
+        each request that was still live."""
+        live = []
+        for key, request, _ in group:
+            with self.step(key, request):
+                request.watch.check(f"a scoring pass of wave {index}")
+                live.append((key, request))
+        if not live:
+            return {}
+        if len(live) == 1:
+            key, request = live[0]
+            plan = plans[key]
+            assert plan.compiled is not None
+            with self.step(key, request), counted(request), request.timed("forward"):
+                return {key: request.score(plan.passes, len(plan.compiled.tree), index)}
+        backend = live[0][1].backend
+        tick = time.perf_counter()
+        batches = [plans[k].passes[0] for k, _ in live]
+        outs = backend.score_trees([r.state for _, r in live], causals=[r.pending for _, r in live], batches=batches)
+        elapsed = (time.perf_counter() - tick) * 1000
+        result: dict[int, np.ndarray] = {}
+        for (key, request), batch, out in zip(live, batches, outs, strict=True):
+            compiled = plans[key].compiled
+            assert compiled is not None
+            logprobs = np.zeros(len(compiled.tree))
+            request.absorb(batch, out, logprobs, documents=len(live))
+            request.passes += 1
+            request.phases["forward"] += elapsed
+            result[key] = logprobs
+        return result
+
+    @contextmanager
+    def step(self, key: int, request: Request) -> Iterator[None]:
+        """Run one request's step; an exception ends that request only (recorded as its result)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - recorded as this document's result, re-raised by the caller
+            self.failed[key] = exc
+            self.requests.pop(key, None)
+
+
+@contextmanager
+def counted(request: Request) -> Iterator[None]:
+    """Add the forward passes the block runs on this thread to ``request.passes``."""
+    before = request.backend.thread_passes
+    try:
+        yield
+    finally:
+        request.passes += request.backend.thread_passes - before
+
+
+def groups(items: Sequence[Member], *, limit: int) -> list[list[Member]]:
+    """Requests whose single tree pass can share one forward pass: sorted by the tokens they feed, cut where a
+    group would hold more than ``limit`` documents, exceed the smallest memory budget among them, or spend more
+    on padding than on real tokens.
+
+    Args:
+        items: ``(key, request, tree batch)``, each request with exactly that one pass planned and its causal
+            tokens pending.
+        limit: The most documents in one group.
+
+    Returns:
+        The groups, each in feeding-length order.
+    """
+    ordered = sorted(items, key=lambda m: len(m[1].pending) + len(m[2].tokens))
+    out: list[list[Member]] = []
+    current: list[Member] = []
+    for item in ordered:
+        trial = [*current, item]
+        if current and (len(trial) > limit or not fits(trial)):
+            out.append(current)
+            trial = [item]
+        current = trial
+    if current:
+        out.append(current)
+    return out
+
+
+def fits(group: Sequence[Member]) -> bool:
+    """Whether ``group`` can share one pass: padding at most its real tokens, and the padded pass within the
+    smallest memory budget among its requests (the backend's estimate of one row, times the rows)."""
+    causal = max(len(r.pending) for _, r, _ in group)
+    nodes = max(len(b.tokens) for _, _, b in group)
+    real = sum(len(r.pending) + len(b.tokens) for _, r, b in group)
+    if len(group) * (causal + nodes) > 2 * real:
+        return False
+    first = group[0][1]
+    past = max(r.state.length for _, r, _ in group)
+    need = len(group) * first.backend.pass_bytes(past=past, new=causal + nodes, rows=nodes + 1)
+    return need <= min(r.budget.bytes for _, r, _ in group)
+
+
+def run_batch(
+    opened: Sequence[Callable[[], Request]], *, max_documents: int, started: float | None = None
+) -> list[ExtractionResult | Exception]:
+    """Open each request (a failure to open is that document's exception), decide them as one :class:`Batch`, and
+    return a result or exception per document, in order.
+
+    Args:
+        opened: Per document, a function that opens its request.
+        max_documents: The most documents one pass may hold.
+        started: ``perf_counter`` reading each result's total time counts from (now by default).
+    """
+    batch = Batch({}, max_documents=max_documents, started=started or time.perf_counter())
+    for key, open_request in enumerate(opened):
+        try:
+            request = open_request()
+        except Exception as exc:  # noqa: BLE001 - this document's result
+            batch.failed[key] = exc
+            continue
+        request.passes = request.prefill_passes
+        batch.requests[key] = request
+    done = batch.run()
+    return [done[k] for k in range(len(opened))]
