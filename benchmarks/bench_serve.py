@@ -1,8 +1,11 @@
 """Load test of ``pcd serve``: N concurrent ``POST /api/extract`` on loopback against the serial answer.
 
-Starts the app with uvicorn on a free loopback port (default model unless ``--model``), sends one request to warm
-the schema's head, times ``--serial`` requests one after another, then ``--concurrent`` at once from a thread pool,
-and prints throughput, latencies and whether every concurrent answer equals the serial one.
+Starts two apps with uvicorn on free loopback ports, on one engine (default model unless ``--model``): one that
+decides every request alone, and one that collects concurrent requests for a few milliseconds and decides them
+in shared batches (the default of ``pcd serve``). For each, it warms the schema's head, times four requests one
+after another (four different texts), then ``--concurrent`` at once from a thread pool, and prints throughput
+(and its ratio to the serial rate), latencies, how many documents shared each pass, and whether every concurrent
+answer equals the serial one (decisions identical, probabilities within 1e-4).
 
 Usage::
 
@@ -31,56 +34,81 @@ from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset  # noqa: E
 from pcd_engine.tools.serve import create_app  # noqa: E402
 
 
+def _serve(app: object) -> tuple[str, uvicorn.Server]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
+    while not server.started:
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server
+
+
+def _same(got: dict, expected: dict) -> bool:
+    """Decisions identical; probabilities within 1e-4 (a batched pass rounds differently)."""
+    if got["values"] != expected["values"]:
+        return False
+    for name, field in expected["fields"].items():
+        mine = got["fields"][name]
+        if (field["probability"] is None) != (mine["probability"] is None):
+            return False
+        if field["probability"] is not None and abs(mine["probability"] - field["probability"]) > 1e-4:
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=None)
     parser.add_argument("--preset", action="append", choices=EXAMPLE_PRESETS, help="repeatable; default: two")
     parser.add_argument("--concurrent", type=int, default=32)
-    parser.add_argument("--serial", type=int, default=5)
+    parser.add_argument("--window", type=float, default=5.0, help="the collecting server's batch window, ms")
     args = parser.parse_args(argv)
 
     engine = Engine.load(args.model)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
-    threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True).start()
-    while not server.started:
-        time.sleep(0.05)
-
-    print(f"model: {args.model or 'SmolLM2-135M-Instruct (embedded)'}; backend {engine.backend.name}; {url}\n")
+    servers = {
+        "one at a time": _serve(create_app(engine, batch_window_ms=None)),
+        f"collected ({args.window:g} ms window)": _serve(create_app(engine, batch_window_ms=args.window)),
+    }
+    print(f"model: {args.model or 'SmolLM2-135M-Instruct (embedded)'}; backend {engine.backend.name}; "
+          f"{args.concurrent} concurrent requests over 4 different texts\n")  # fmt: skip
     print(
-        "| preset | fields | serial ms (median) | concurrent | wall s | throughput req/s | latency median s | "
-        "latency max s | all 200 | identical to serial |"
+        "| preset | fields | server | serial ms (median) | wall s | throughput req/s | vs serial | latency median s | "
+        "latency max s | docs per pass | all 200 | same as serial |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in args.preset or ["support_triage", "catalogue_255"]:
         preset = example_preset(name)
-        body = {"schema": preset.schema.json_schema(), "context": preset.context}
+        contexts = [preset.context, f"Note: {preset.context}", f"{preset.context} Thanks.", f"Hi. {preset.context}"]
+        bodies = [{"schema": preset.schema.json_schema(), "context": contexts[i % 4]} for i in range(args.concurrent)]
+        for label, (url, _) in servers.items():
 
-        def post(_: int) -> tuple[float, httpx.Response]:
+            def post(body: dict, url: str = url) -> tuple[float, httpx.Response]:
+                started = time.perf_counter()
+                response = httpx.post(f"{url}/api/extract", json=body, timeout=600)
+                return time.perf_counter() - started, response
+
+            post(bodies[0])  # warm the head
+            serial = [post(b) for b in bodies[:4]]
+            expected = [r.json() for _, r in serial]
+            serial_s = statistics.median(t for t, _ in serial)
             started = time.perf_counter()
-            response = httpx.post(f"{url}/api/extract", json=body, timeout=600)  # noqa: B023 - used in this loop
-            return time.perf_counter() - started, response
-
-        post(0)  # warm the head
-        serial = [post(i) for i in range(args.serial)]
-        expected = serial[0][1].json()
-        started = time.perf_counter()
-        with ThreadPoolExecutor(max_workers=args.concurrent) as pool:
-            results = list(pool.map(post, range(args.concurrent)))
-        wall = time.perf_counter() - started
-        ok = all(r.status_code == 200 for _, r in results)
-        same = ok and all(
-            r.json()["values"] == expected["values"] and r.json()["fields"] == expected["fields"] for _, r in results
-        )
-        latencies = [t for t, _ in results]
-        print(
-            f"| {name} | {len(preset.schema.fields)} | {statistics.median(t for t, _ in serial) * 1000:.0f} | "
-            f"{args.concurrent} | {wall:.1f} | {args.concurrent / wall:.2f} | {statistics.median(latencies):.1f} | "
-            f"{max(latencies):.1f} | {'yes' if ok else 'NO'} | {'yes' if same else 'NO'} |"
-        )
-    server.should_exit = True
+            with ThreadPoolExecutor(max_workers=args.concurrent) as pool:
+                results = list(pool.map(post, bodies))
+            wall = time.perf_counter() - started
+            ok = all(r.status_code == 200 for _, r in results)
+            same = ok and all(_same(r.json(), expected[i % 4]) for i, (_, r) in enumerate(results))
+            shared = [n for _, r in results if r.status_code == 200 for n in r.json()["stats"]["documents_per_pass"]]
+            latencies = [t for t, _ in results]
+            rate = args.concurrent / wall
+            print(
+                f"| {name} | {len(preset.schema.fields)} | {label} | {serial_s * 1000:.0f} | {wall:.1f} | "
+                f"{rate:.2f} | {rate * serial_s:.2f}x | {statistics.median(latencies):.1f} | {max(latencies):.1f} | "
+                f"{statistics.mean(shared) if shared else 1:.1f} | {'yes' if ok else 'NO'} | "
+                f"{'yes' if same else 'NO'} |"
+            )
+    for _, server in servers.values():
+        server.should_exit = True
     return 0
 
 

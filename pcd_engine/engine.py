@@ -24,6 +24,7 @@ get exactly the answers they would get one by one.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -34,6 +35,7 @@ from pcd_engine.batch import run_batch
 from pcd_engine.budget import PassBudget
 from pcd_engine.cache import CompileCache, Head
 from pcd_engine.checks import check_text
+from pcd_engine.collector import Collector
 from pcd_engine.errors import OptionError
 from pcd_engine.generation import Grammars
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
@@ -70,6 +72,8 @@ class Engine:
         self.tokenizer = TokenizerView(backend.tokenizer)
         self.cache = CompileCache(self.tokenizer, heads=self.options.head_cache_size)
         self.grammars = Grammars(backend.tokenizer)
+        self._collector: Collector | None = None
+        self._collector_lock = threading.Lock()
 
     @classmethod
     def load(
@@ -188,7 +192,7 @@ class Engine:
             schema: As for :meth:`extract`.
             options: As for :meth:`extract`.
             batch_size: The most documents in one pass; ``None`` takes :attr:`EngineOptions.batch_size`, or the
-                engine's choice (16 where the backend batches documents, else 1). The memory budget and very
+                engine's choice (:meth:`batch_size`). The memory budget and very
                 different lengths may split a batch further.
             return_exceptions: Put a failing document's exception in its place instead of raising it; the other
                 documents are decided either way.
@@ -234,15 +238,25 @@ class Engine:
             out.extend(done)
         return out
 
+    def collector(self) -> Collector:
+        """The engine's shared :class:`~pcd_engine.collector.Collector` (a 5 ms window, the engine's batch size),
+        created on first use: extractions submitted to it from many threads or tasks at once are decided in
+        shared batches. The async surfaces of the integrations submit through it."""
+        with self._collector_lock:
+            if self._collector is None:
+                self._collector = Collector(self)
+            return self._collector
+
     def batch_size(self, given: int | None = None) -> int:
-        """The most documents one pass holds: ``given``, else :attr:`EngineOptions.batch_size`, else 16 where the
-        backend batches documents and 1 where it does not.
+        """The most documents one pass holds: ``given``, else :attr:`EngineOptions.batch_size`, else the backend's
+        :attr:`~pcd_engine.backends.base.Backend.default_batch_size` (4 on CPU, 32 on a GPU, 1 where documents are
+        not batched).
 
         Raises:
             OptionError: If ``given`` is not an integer >= 1.
         """
         chosen = check_batch_size(given) or self.options.batch_size
-        return chosen or (16 if self.backend.batches_documents else 1)
+        return chosen or self.backend.default_batch_size
 
     def prompt_for(
         self, text: str, schema: Any, options: ExtractOptions | Mapping[str, Any] | None = None, **knobs: Any

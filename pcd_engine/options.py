@@ -198,8 +198,8 @@ class EngineOptions:
         prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
             template arguments).
         batch_size: The most documents :meth:`~pcd_engine.engine.Engine.extract_many` decides in one pass;
-            ``None`` lets the engine choose (16 where the backend batches documents, else 1). The memory budget
-            and the documents' lengths may split a batch further.
+            ``None`` lets the engine choose (4 on CPU, 32 on a GPU, 1 where the backend does not batch documents).
+            The memory budget and the documents' lengths may split a batch further.
     """
 
     anchor: bool = True

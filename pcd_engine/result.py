@@ -180,10 +180,15 @@ class ExtractionResult:
         return {"values": dict(self.values), "fields": fields, "warnings": list(self.warnings), "stats": stats}
 
     def evidence(self) -> dict[str, Any]:
-        """The part of :meth:`to_json` a chat reply carries in its metadata: ``fields``, ``warnings`` and the
-        number of ``forward_passes``."""
+        """The part of :meth:`to_json` a chat reply carries in its metadata: ``fields``, ``warnings``, the number
+        of ``forward_passes`` and ``documents_per_pass`` (how many documents shared each scoring pass)."""
         data = self.to_json()
-        return {"fields": data["fields"], "warnings": data["warnings"], "forward_passes": self.stats.forward_passes}
+        return {
+            "fields": data["fields"],
+            "warnings": data["warnings"],
+            "forward_passes": self.stats.forward_passes,
+            "documents_per_pass": list(self.stats.documents_per_pass),
+        }
 
     def low_confidence(self, *, min_probability: float = 0.5, min_candidate_mass: float = 0.2) -> list[FieldResult]:
         """Scored fields whose probability or candidate mass is below a threshold, and generated fields that

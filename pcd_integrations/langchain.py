@@ -27,7 +27,7 @@ from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 from langchain_core.messages.tool import tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnableMap, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
 from langchain_core.utils.pydantic import is_basemodel_subclass
@@ -575,4 +575,7 @@ class ChatPCD(BaseChatModel):
             return llm | parser
         parsed = RunnablePassthrough.assign(parsed=lambda x: target.parse(x["raw"]), parsing_error=lambda _: None)
         fallback = RunnablePassthrough.assign(parsed=lambda _: None)
-        return RunnableMap(raw=llm) | parsed.with_fallbacks([fallback], exception_key="parsing_error")
+        # ``llm | wrap`` rather than ``RunnableMap(raw=llm)``: a sequence batches step by step, so a batch still
+        # reaches the chat model as one batch (one engine call); a map would invoke it once per input.
+        raw = RunnableLambda(lambda message: {"raw": message}, name="PCDRaw")
+        return llm | raw | parsed.with_fallbacks([fallback], exception_key="parsing_error")

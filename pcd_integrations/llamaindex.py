@@ -192,7 +192,56 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         """Format the prompt with ``kwargs`` and fill the model from that text (``llm_kwargs``: extraction
         options for this call, over the program's)."""
         options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
-        result = self._engine.extract(_prompt_text(self._prompt, **kwargs), self._output_cls, options)
+        return self._finish(self._engine.extract(_prompt_text(self._prompt, **kwargs), self._output_cls, options))
+
+    async def acall(self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> BaseModel:
+        """As a call, through the engine's shared collector: concurrent calls (``asyncio.gather``) are decided in
+        shared batches, one pass per wave for all of them."""
+        import asyncio
+
+        options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
+        text = _prompt_text(self._prompt, **kwargs)
+        future = self._engine.collector().submit(text, self._output_cls, options)
+        return self._finish(await asyncio.wrap_future(future))
+
+    def batch(
+        self,
+        inputs: Sequence[Mapping[str, Any]],
+        *,
+        llm_kwargs: dict[str, Any] | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """Fill the model for many prompt inputs with ONE engine call (:meth:`Engine.extract_many`: one pass per
+        wave for a batch of documents).
+
+        Args:
+            inputs: One mapping of prompt variables per call.
+            llm_kwargs: Extraction options for every call, over the program's.
+            return_exceptions: Put a failing input's exception in its place instead of raising it.
+
+        Returns:
+            One model per input, in order (or the exception of a failed input, with ``return_exceptions``).
+        """
+        options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
+        texts = [_prompt_text(self._prompt, **dict(i)) for i in inputs]
+        results = self._engine.extract_many(
+            texts, self._output_cls, options=options, return_exceptions=return_exceptions
+        )
+        return [r if isinstance(r, Exception) else self._finish(r) for r in results]
+
+    async def abatch(
+        self,
+        inputs: Sequence[Mapping[str, Any]],
+        *,
+        llm_kwargs: dict[str, Any] | None = None,
+        return_exceptions: bool = False,
+    ) -> list[Any]:
+        """:meth:`batch` in a worker thread, so the event loop stays free."""
+        import asyncio
+
+        return await asyncio.to_thread(self.batch, inputs, llm_kwargs=llm_kwargs, return_exceptions=return_exceptions)
+
+    def _finish(self, result: ExtractionResult) -> BaseModel:
         self.last_result = result
         if self.verbose:
             shown = ", ".join(
@@ -200,12 +249,8 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
                 for n, f in result.fields.items()
             )
             print(f"> {self._output_cls.__name__}: {shown}")  # noqa: T201 - what verbose asks for
-        return result.model
-
-    async def acall(self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> BaseModel:
-        import asyncio
-
-        return await asyncio.to_thread(self.__call__, *args, llm_kwargs=llm_kwargs, **kwargs)
+        model: BaseModel = result.model
+        return model
 
     def stream_call(
         self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any

@@ -54,7 +54,7 @@ def assert_same(alone, batched):
 @pytest.mark.parametrize("anchor", [False, True], ids=["no-anchor", "anchor"])
 @pytest.mark.parametrize("schema", [PROBE, WAVES], ids=["probe", "waves-multi-open"])
 def test_batched_equals_one_at_a_time(backend, schema, anchor):
-    engine = Engine(backend, anchor=anchor)
+    engine = Engine(backend, anchor=anchor, batch_size=8)
     alone = [engine.extract(text, schema) for text in TEXTS]
     before = backend.forward_passes
     batched = engine.extract_many(TEXTS, schema)
@@ -75,7 +75,7 @@ def test_sixteen_documents_one_pass_per_wave(backend):
         engine = Engine(backend, anchor=anchor)
         engine.extract(texts[0], PROBE)  # the head prefill is not part of the count
         before = backend.forward_passes
-        out = engine.extract_many(texts, PROBE)
+        out = engine.extract_many(texts, PROBE, batch_size=16)
         assert backend.forward_passes - before == passes
         assert all(r.stats.documents_per_pass == (16,) * passes and r.stats.forward_passes == passes for r in out)
 
@@ -89,7 +89,7 @@ def test_batch_size_and_the_memory_budget_split_batches(backend):
     longest = max(alone, key=lambda r: r.stats.prompt_tokens).stats
     new = longest.prompt_tokens - longest.cached_tokens + longest.nodes_scored
     one = backend.pass_bytes(past=longest.prompt_tokens, new=new, rows=longest.nodes_scored + 1)
-    tight = Engine(backend, anchor=False, memory_budget_mb=2.5 * one / 2**20)  # two documents per pass at most
+    tight = Engine(backend, anchor=False, memory_budget_mb=2.5 * one / 2**20, batch_size=8)  # the budget: two at most
     split = tight.extract_many(TEXTS, PROBE)
     for a, b in zip(alone, split, strict=True):
         assert_same(a, b)
@@ -99,7 +99,7 @@ def test_batch_size_and_the_memory_budget_split_batches(backend):
 
 def test_very_different_lengths_are_not_padded_together(tiny_engine):
     long = "word " * 400
-    out = tiny_engine.extract_many(["a", "b", long, "c", long + "x"], PROBE, anchor=False)
+    out = tiny_engine.extract_many(["a", "b", long, "c", long + "x"], PROBE, anchor=False, batch_size=8)
     shared = [r.stats.documents_per_pass for r in out]
     assert shared == [(3,), (3,), (2,), (3,), (2,)]
 
@@ -126,6 +126,15 @@ def test_rows_fallback_decides_one_document_per_pass(backend):
     for text, b in zip(TEXTS[:3], batched, strict=True):
         assert_same(engine.extract(text, PROBE), b)
         assert set(b.stats.documents_per_pass) == {1}
+
+
+def test_batch_size_choice(tiny_engine):
+    assert tiny_engine.batch_size() == tiny_engine.backend.default_batch_size == 4  # CPU
+    assert Engine(tiny_engine.backend, batch_size=7).batch_size() == 7
+    assert Engine(tiny_engine.backend, batch_size=7).batch_size(3) == 3
+    texts = [f"{i} {PROBE_TEXT}" for i in range(6)]
+    out = Engine(tiny_engine.backend, anchor=False).extract_many(texts, PROBE)
+    assert sorted(n for r in out for n in r.stats.documents_per_pass) == [2, 2, 4, 4, 4, 4]  # 4, then the last 2
 
 
 @pytest.mark.parametrize("size", [0, -1, 1.5, True, "8"])
@@ -168,7 +177,7 @@ def test_collector_decides_concurrent_requests_together(tiny_engine):
     from pcd_engine.collector import Collector
 
     jobs = [(text, PROBE if i % 2 else WAVES) for i, text in enumerate(TEXTS * 2)] + [("  ", PROBE)]
-    collector = Collector(tiny_engine, window_ms=50)
+    collector = Collector(tiny_engine, window_ms=50, max_documents=16)
     try:
         with ThreadPoolExecutor(len(jobs)) as pool:
             futures = list(pool.map(lambda job: collector.submit(*job), jobs))

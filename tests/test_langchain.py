@@ -201,6 +201,8 @@ def test_batch_is_one_engine_call(llm, counted):
     runnable = llm.with_structured_output(Ticket)
     outs = runnable.batch(texts, config={"callbacks": [Options()]})
     assert counted == [16]
+    raw = llm.with_structured_output(Ticket, include_raw=True).batch(texts[:4])
+    assert all(max(r["raw"].response_metadata["pcd"]["documents_per_pass"]) > 1 for r in raw)  # shared passes
     assert len(outs) == 16 and all(isinstance(o, Ticket) for o in outs)
     assert outs[0] == outs[-1] == runnable.invoke(TICKET)
     assert len(seen) == 16

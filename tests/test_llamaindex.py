@@ -11,6 +11,8 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel, Field
 
+from pcd_engine.errors import ContextError
+
 pytest.importorskip("llama_index.core", reason="pip install 'pcd[llamaindex]'")
 
 from llama_index.core import VectorStoreIndex  # noqa: E402
@@ -115,6 +117,27 @@ def test_program_from_defaults(llm, default_engine):
     assert list(program.stream_call(text=SPORT_TEXT)) == [out]
     same = PCDPydanticProgram.from_defaults(Tags, prompt=PromptTemplate("Text: {text}"), engine=default_engine)
     assert same(text=SPORT_TEXT) == out
+
+
+def test_program_batch_and_concurrent_acalls_share_passes(default_engine, calls):
+    program = PCDPydanticProgram.from_defaults(Tags, prompt_template_str="{text}", engine=default_engine)
+    texts = [SPORT_TEXT, "The central bank raised interest rates again.", "A new phone was launched today."]
+    outs = program.batch([{"text": t} for t in texts])
+    assert calls == [3]  # one engine call
+    assert outs == [default_engine.extract(t, Tags).model for t in texts]
+    assert max(program.last_result.stats.documents_per_pass) > 1
+    mixed = program.batch([{"text": texts[0]}, {"text": "  "}], return_exceptions=True)
+    assert mixed[0] == outs[0] and isinstance(mixed[1], ContextError)
+    with pytest.raises(ContextError):
+        program.batch([{"text": texts[0]}, {"text": "  "}])
+
+    async def gathered():
+        return await asyncio.gather(*(program.acall(text=t) for t in texts))
+
+    collector = default_engine.collector()
+    before = len(collector.batches)
+    assert asyncio.run(gathered()) == outs
+    assert max(collector.batches[before:]) > 1  # concurrent calls were decided together
 
 
 def test_program_bad_input(llm, default_engine):

@@ -216,19 +216,28 @@ def test_official_openai_client(live, default_engine):
     assert exc.value.code == "unsupported_response_format" and exc.value.param == "response_format"
 
 
-def test_concurrent_requests_equal_serial_ones(live):
-    """32 concurrent /api/extract requests on loopback: all answered, all identical to the serial answer."""
+def test_concurrent_requests_equal_serial_ones(default_engine):
+    """32 concurrent /api/extract requests on loopback, four different texts: all answered, decided in shared
+    batches (the server's collector), each equal to the serial answer (decisions identical, probabilities within
+    1e-4)."""
     import httpx
 
-    body = {"schema": TICKET, "context": TEXT}
-    serial = httpx.post(f"{live}/api/extract", json=body, timeout=120).json()
-    with ThreadPoolExecutor(max_workers=32) as pool:
-        responses = list(pool.map(lambda _: httpx.post(f"{live}/api/extract", json=body, timeout=300), range(32)))
+    texts = [TEXT, "Great service, thanks!", "Where is my parcel? It is a week late.", "Cancel my subscription."]
+    app = create_app(default_engine, model_name=MODEL, batch_window_ms=20)
+    with serve_on_loopback(app) as port:
+        live = f"http://127.0.0.1:{port}"
+        bodies = [{"schema": TICKET, "context": texts[i % 4]} for i in range(32)]
+        serial = [httpx.post(f"{live}/api/extract", json=b, timeout=120).json() for b in bodies[:4]]
+        with ThreadPoolExecutor(max_workers=32) as pool:
+            responses = list(pool.map(lambda b: httpx.post(f"{live}/api/extract", json=b, timeout=300), bodies))
     assert [r.status_code for r in responses] == [200] * 32
-    for r in responses:
-        data = r.json()
-        assert data["values"] == serial["values"]
-        assert data["fields"] == serial["fields"]
+    for i, r in enumerate(responses):
+        data, expected = r.json(), serial[i % 4]
+        assert data["values"] == expected["values"]
+        for name, field in expected["fields"].items():
+            assert data["fields"][name]["probability"] == pytest.approx(field["probability"], abs=1e-4)
+    assert max(app.state.server.collector.batches) > 1
+    assert any(max(r.json()["stats"]["documents_per_pass"], default=1) > 1 for r in responses)
 
 
 # ------------------------------------------------------------------------------------------------ browser

@@ -179,6 +179,11 @@ class Backend(ABC):
         """Whether :meth:`score_trees` runs several requests in ONE forward pass (else one pass each)."""
         return False
 
+    @property
+    def default_batch_size(self) -> int:
+        """How many documents one pass holds when the caller does not say (1 where documents are not batched)."""
+        return 1
+
     def score_trees(
         self,
         states: Sequence[RequestState],

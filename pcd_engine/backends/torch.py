@@ -180,6 +180,14 @@ class TorchBackend(Backend):
         """The packed scorer batches requests (one batch row each); the rows fallback scores one at a time."""
         return self.scorer == "packed"
 
+    @property
+    def default_batch_size(self) -> int:
+        """4 on CPU, where a pass costs about its tokens and batching mostly saves per-pass overhead (measured in
+        ``benchmarks/bench_batch.py``); 32 on an accelerator, where a pass of one document is mostly fixed cost."""
+        if not self.batches_documents:
+            return 1
+        return 4 if self._device.type == "cpu" else 32
+
     @serialized
     def score_trees(
         self,

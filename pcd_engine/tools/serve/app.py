@@ -198,7 +198,7 @@ def create_app(
         max_batch: The most extractions in one batch; ``None`` takes the engine's batch size.
 
     Returns:
-        A FastAPI application.
+        A FastAPI application; ``app.state.server`` is its :class:`Server`.
 
     Raises:
         BackendUnavailableError: If FastAPI is not installed.
@@ -216,6 +216,7 @@ def create_app(
         collector=collector,
     )  # fmt: skip
     app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
+    app.state.server = server
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)
     if cors_origins:
