@@ -5,6 +5,7 @@ one tree-packed forward pass on top of the schema's cached prompt head.
 """
 
 from pcd_engine.chat import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
+from pcd_engine.collector import Collector
 from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
@@ -40,6 +41,7 @@ __all__ = [
     "ContextError",
     "DatasetError",
     "Decision",
+    "Collector",
     "Engine",
     "EngineOptions",
     "Exact",

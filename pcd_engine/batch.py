@@ -24,17 +24,20 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
+from pcd_engine.generation import OpenRows
 from pcd_engine.request import Request, WavePlan
 from pcd_engine.result import ExtractionResult
 from pcd_engine.tree import TreeBatch
 
-__all__ = ["Batch", "Member", "fits", "groups", "run_batch"]
+__all__ = ["Batch", "Member", "fits", "groups", "row_groups", "run_batch"]
 
 # A request in a wave's shared pass: the caller's key, the request, and its one tree batch.
 Member = tuple[int, Request, TreeBatch]
+T = TypeVar("T")
 
 
 @dataclass
@@ -59,13 +62,41 @@ class Batch:
         depth = max((len(r.waves) for r in self.requests.values()), default=0)
         for index in range(depth):
             self.wave(index)
+        self.generate()
         out: dict[int, ExtractionResult | Exception] = dict(self.failed)
         for key, request in sorted(self.requests.items()):
             with self.step(key, request):
-                with counted(request):
-                    request.generate()
                 out[key] = request.result(started=self.started)
         return out
+
+    def generate(self) -> None:
+        """Grow the open rows of every request that has some: together (one pass per step for every row of
+        every request in a group) where the backend batches documents, in groups within the memory budget."""
+        ready: list[tuple[int, Request, OpenRows]] = []
+        for key, request in list(self.requests.items()):
+            with self.step(key, request), counted(request):
+                rows = request.open_rows()
+                if rows is not None:
+                    ready.append((key, request, rows))
+        batches = any(r.backend.batches_documents for _, r, _ in ready)
+        for group in row_groups(ready, limit=self.max_documents if batches else 1):
+            tick = time.perf_counter()
+            backend = group[0][1].backend
+            outcomes = backend.generate_rows_many(
+                [r.state for _, r, _ in group],
+                causals=[r.pending for _, r, _ in group],
+                prefixes=[rows.plan.prefixes for _, _, rows in group],
+                chooses=[rows.choose for _, _, rows in group],
+                before_passes=[r.generation_check for _, r, _ in group],
+            )
+            elapsed = (time.perf_counter() - tick) * 1000
+            for (key, request, rows), (passes, failure) in zip(group, outcomes, strict=True):
+                request.passes += passes
+                request.phases["generate"] += elapsed
+                with self.step(key, request):
+                    if failure is not None:
+                        raise failure
+                    request.finish_rows(rows, passes)
 
     def wave(self, index: int) -> None:
         """Wave ``index`` of every request that has one: plan, score (shared passes where possible), finish."""
@@ -157,18 +188,7 @@ def groups(items: Sequence[Member], *, limit: int) -> list[list[Member]]:
     Returns:
         The groups, each in feeding-length order.
     """
-    ordered = sorted(items, key=lambda m: len(m[1].pending) + len(m[2].tokens))
-    out: list[list[Member]] = []
-    current: list[Member] = []
-    for item in ordered:
-        trial = [*current, item]
-        if current and (len(trial) > limit or not fits(trial)):
-            out.append(current)
-            trial = [item]
-        current = trial
-    if current:
-        out.append(current)
-    return out
+    return _cut(sorted(items, key=lambda m: len(m[1].pending) + len(m[2].tokens)), limit, fits)
 
 
 def fits(group: Sequence[Member]) -> bool:
@@ -182,6 +202,38 @@ def fits(group: Sequence[Member]) -> bool:
     first = group[0][1]
     past = max(r.state.length for _, r, _ in group)
     need = len(group) * first.backend.pass_bytes(past=past, new=causal + nodes, rows=nodes + 1)
+    return need <= min(r.budget.bytes for _, r, _ in group)
+
+
+def row_groups(
+    ready: Sequence[tuple[int, Request, OpenRows]], *, limit: int
+) -> list[list[tuple[int, Request, OpenRows]]]:
+    """Requests whose open rows can grow together: at most ``limit`` per group, and the group's last pass (every
+    request's rows at their longest, as one batch row each) within the smallest memory budget among them."""
+    return _cut(list(ready), limit, _rows_fit)
+
+
+def _cut(items: list[T], limit: int, fits: Callable[[list[T]], bool]) -> list[list[T]]:
+    """``items`` in order, cut into groups of at most ``limit`` where ``fits`` still holds (a group of one
+    always)."""
+    out: list[list[T]] = []
+    current: list[T] = []
+    for item in items:
+        trial = [*current, item]
+        if current and (len(trial) > limit or not fits(trial)):
+            out.append(current)
+            trial = [item]
+        current = trial
+    if current:
+        out.append(current)
+    return out
+
+
+def _rows_fit(group: Sequence[tuple[int, Request, OpenRows]]) -> bool:
+    first = group[0][1]
+    past = max(r.rows_past([f for f in r.schema.fields if not f.scored], rows.plan) for _, r, rows in group)
+    n = max(len(rows.plan.prefixes) for _, _, rows in group)
+    need = len(group) * first.backend.pass_bytes(past=past, new=n, rows=n)
     return need <= min(r.budget.bytes for _, r, _ in group)
 
 

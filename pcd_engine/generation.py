@@ -41,7 +41,16 @@ from pcd_engine.lru import LRU
 from pcd_engine.prompt import TokenizerView
 from pcd_engine.schema import FieldSpec
 
-__all__ = ["Generated", "Grammars", "RowPlan", "compile_rows", "generate_open", "generate_reply", "walk_json"]
+__all__ = [
+    "Generated",
+    "Grammars",
+    "OpenRows",
+    "RowPlan",
+    "compile_rows",
+    "generate_open",
+    "generate_reply",
+    "walk_json",
+]
 
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -309,16 +318,39 @@ def generate_open(
     Returns:
         One generated value per field, in order.
     """
-    rows = [
-        _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
-        for spec, lead in zip(fields, plan.leads, strict=True)
-    ]
+    rows = OpenRows.start(plan, fields, grammars, max_tokens)
+    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=rows.choose, before_pass=check)
+    return rows.values(tokenizer)
 
-    def choose(r: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
-        return _choose(rows[r], logprobs)
 
-    backend.generate_rows(state, causal=list(causal), prefixes=plan.prefixes, choose=choose, before_pass=check)
-    return [_finish(row, tokenizer, lead) for row, lead in zip(rows, plan.leads, strict=True)]
+class OpenRows:
+    """A request's open rows while they grow: each row's grammar matcher, tokens and log-probs.
+
+    Attributes:
+        plan: The row plan (prefixes and leads).
+    """
+
+    def __init__(self, plan: RowPlan, rows: list[_Row]) -> None:
+        self.plan = plan
+        self._rows = rows
+
+    @classmethod
+    def start(cls, plan: RowPlan, fields: Sequence[FieldSpec], grammars: Grammars, max_tokens: int) -> OpenRows:
+        """One row per open field, each under its grammar, with its token limit (a field's own ``max_tokens``
+        wins over ``max_tokens``)."""
+        rows = [
+            _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
+            for spec, lead in zip(fields, plan.leads, strict=True)
+        ]
+        return cls(plan, rows)
+
+    def choose(self, row: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
+        """The :data:`~pcd_engine.backends.base.Chooser` of these rows."""
+        return _choose(self._rows[row], logprobs)
+
+    def values(self, tokenizer: TokenizerView) -> list[Generated]:
+        """Each row's value, in field order."""
+        return [_finish(row, tokenizer, lead) for row, lead in zip(self._rows, self.plan.leads, strict=True)]
 
 
 def generate_reply(

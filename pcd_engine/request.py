@@ -25,7 +25,7 @@ from pcd_engine.checks import check_budget, check_sizes, check_window
 from pcd_engine.compiler import CompiledWave, FieldTrie, questions, written_value
 from pcd_engine.decoding import Decision, Fixed, choose_strategy
 from pcd_engine.errors import LimitError, PromptAlignmentError
-from pcd_engine.generation import generate_open
+from pcd_engine.generation import OpenRows, RowPlan
 from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.options import ExtractOptions
 from pcd_engine.planner import plan_waves
@@ -246,9 +246,30 @@ class Request:
     def generate(self) -> None:
         """Write every closed answer into the prompt, then generate the open rows together (one pass per token
         for all rows) and record their results."""
+        rows = self.open_rows()
+        if rows is None:
+            return
+        with self.timed("generate"):
+            before = self.backend.thread_passes
+            self.backend.generate_rows(
+                self.state, causal=self.pending, prefixes=rows.plan.prefixes, choose=rows.choose,
+                before_pass=self.generation_check,
+            )  # fmt: skip
+            self.finish_rows(rows, self.backend.thread_passes - before)
+
+    def open_rows(self) -> OpenRows | None:
+        """Get the open rows ready (the first step of :meth:`generate`; a batch grows many requests' rows
+        together): every closed answer written into the tail, the tail queued, the budget checked.
+
+        Returns:
+            The rows with their plan, or ``None`` when the schema has no open field.
+
+        Raises:
+            LimitError: If the rows' last pass would not fit the memory budget.
+        """
         open_fields = [f for f in self.schema.fields if not f.scored]
         if not open_fields:
-            return
+            return None
         limit = int(self.call.max_tokens or 1)
         with self.timed("generate"):
             for spec in self.schema.fields:  # the open rows see every closed answer
@@ -259,8 +280,7 @@ class Request:
             self.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
             prefix_tokens = sum(len(p) for p in rows.prefixes)
             self.fit_causal(extra=prefix_tokens, keep=0)
-            grown = prefix_tokens + sum(spec.max_tokens or limit for spec in open_fields)
-            past, n = self.state.length + len(self.pending) + grown, len(open_fields)
+            past, n = self.rows_past(open_fields, rows), len(open_fields)
             if not self.budget.fits(past=past, new=n, rows=n):
                 need = self.backend.pass_bytes(past=past, new=n, rows=n)
                 raise LimitError(
@@ -268,22 +288,28 @@ class Request:
                     f"their last pass needs about {need / 2**20:.0f} MiB. Raise memory_budget_mb, lower the fields' "
                     "token limits, or shorten the text."
                 )
-            before = self.backend.thread_passes
-            values = generate_open(
-                self.backend,
-                self.state,
-                causal=self.pending,
-                plan=rows,
-                fields=open_fields,
-                grammars=engine.grammars,
-                tokenizer=engine.tokenizer,
-                max_tokens=limit,
-                check=lambda: self.watch.check("a generation pass"),
-            )
-            self.generation_passes = self.backend.thread_passes - before
-            for spec, generated in zip(open_fields, values, strict=True):
-                self.results[spec.name] = generated_result(spec, generated, len(self.waves), limit, self.warnings)
-                self.generated_tokens += generated.tokens
+            return OpenRows.start(rows, open_fields, engine.grammars, limit)
+
+    def rows_past(self, open_fields: Sequence[FieldSpec], rows: RowPlan) -> int:
+        """The most tokens the open rows' last pass can find in the cache: the state, the pending tokens, every
+        row's prefix and every row's limit."""
+        limit = int(self.call.max_tokens or 1)
+        grown = sum(len(p) for p in rows.prefixes) + sum(spec.max_tokens or limit for spec in open_fields)
+        return self.state.length + len(self.pending) + grown
+
+    def generation_check(self) -> None:
+        """Before every generation pass after the first: stop when the time is up or the call was cancelled."""
+        self.watch.check("a generation pass")
+
+    def finish_rows(self, rows: OpenRows, passes: int) -> None:
+        """Record the grown rows' values (``passes``: the generation passes this request took part in)."""
+        limit = int(self.call.max_tokens or 1)
+        open_fields = [f for f in self.schema.fields if not f.scored]
+        self.generation_passes = passes
+        self.pending = []
+        for spec, generated in zip(open_fields, rows.values(self.engine.tokenizer), strict=True):
+            self.results[spec.name] = generated_result(spec, generated, len(self.waves), limit, self.warnings)
+            self.generated_tokens += generated.tokens
 
     def result(self, *, started: float, passes_before: int | None = None) -> ExtractionResult:
         """The extraction's result, with its statistics since ``started`` (a ``perf_counter`` reading) and

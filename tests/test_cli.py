@@ -416,6 +416,23 @@ def test_serve_keeps_cors_closed_unless_an_origin_is_given(capsys, tiny, monkeyp
     assert "access-control-allow-origin" not in other.headers
 
 
+def test_serve_collects_concurrent_extractions_unless_told_not_to(capsys, tiny, monkeypatch):
+    pytest.importorskip("uvicorn")
+    import uvicorn
+
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(app=app, **kwargs))
+    run(capsys, "serve", tiny, "--backend", "torch", "-q", "--batch-window", "7", "--max-batch", "3")
+    collector = seen["app"].state.server.collector
+    assert (collector.window_s, collector.max_documents) == (0.007, 3)
+    run(capsys, "serve", tiny, "--backend", "torch", "-q", "--batch-window", "-1")
+    assert seen["app"].state.server.collector is None
+    seen.clear()
+    code, out, err = run(capsys, "serve", tiny, "--backend", "torch", "-q", "--max-batch", "0")
+    assert code != 0 and "batch_size: expected an integer >= 1" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not seen  # refused before serving
+
+
 def test_pcd_serve_process_answers_the_openai_client(tiny):
     """``pcd serve`` as a user starts it: a separate process on a free loopback port, driven by the openai client
     (tools decided, the key required)."""

@@ -11,6 +11,7 @@ EXPECTED_ENGINE = [
     "BackendUnavailableError",
     "BaselineResult",
     "ChatMessage",
+    "Collector",
     "ContextError",
     "DatasetError",
     "Decision",
@@ -224,7 +225,7 @@ MODULE_ALL = {
         "PromptFormat",
         "check_batch_size",
     ],
-    "pcd_engine.batch": ["Batch", "Member", "fits", "groups", "run_batch"],
+    "pcd_engine.batch": ["Batch", "Member", "fits", "groups", "row_groups", "run_batch"],
     "pcd_engine.lru": ["LRU"],
     "pcd_engine.calls": [
         "ANSWER",
@@ -278,6 +279,26 @@ MODULE_ALL = {
     ],
     "pcd_engine.budget": ["PassBudget", "largest"],
     "pcd_engine.checks": ["check_budget", "check_sizes", "check_text", "check_window"],
+    "pcd_engine.collector": ["Collector"],
+    "pcd_engine.generation": [
+        "Generated",
+        "Grammars",
+        "OpenRows",
+        "RowPlan",
+        "compile_rows",
+        "generate_open",
+        "generate_reply",
+        "walk_json",
+    ],
+    "pcd_engine.backends.base": [
+        "Backend",
+        "Chooser",
+        "Growth",
+        "Prefix",
+        "RequestState",
+        "estimate_pass_bytes",
+        "serialized",
+    ],
 }
 
 

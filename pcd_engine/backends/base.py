@@ -33,7 +33,7 @@ import numpy as np
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.tree import TreeBatch, TrieBuilder
 
-__all__ = ["Backend", "Chooser", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
+__all__ = ["Backend", "Chooser", "Growth", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -56,6 +56,55 @@ Chooser = Callable[[int, np.ndarray], tuple[Sequence[int], bool]]
 
 def _nothing() -> None:
     return None
+
+
+class Growth:
+    """One request's open rows growing as branches of one token tree, pass by pass: what each pass feeds and
+    who sees whom (:meth:`inputs`), and what the chooser makes of the pass's log-probabilities (:meth:`absorb`).
+    The first pass feeds the causal block and every row's prefix (shared prefix tokens once); each later pass
+    feeds the tokens the rows still going were given.
+
+    Attributes:
+        active: The rows still going.
+        passes: Passes absorbed so far.
+    """
+
+    def __init__(self, past: int, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
+        self.past, self.causal, self.choose = past, causal, choose
+        self.trie = TrieBuilder()
+        self.ends = [self.trie.add(prefix)[-1] for prefix in prefixes]
+        self.new = list(range(len(self.trie.tokens)))
+        self.active = list(range(len(prefixes)))
+        self.passes = 0
+
+    def inputs(self) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, list[int]]:
+        """The next pass: the tokens fed, their visibility over every key so far and themselves (keys in feeding
+        order after the ``past`` cached ones), query and key positions, and the fed rows to read (one per active
+        row)."""
+        tokens = self.trie.tokens
+        tree = self.trie.batch()
+        if not self.passes:
+            visible, qpos, kpos = tree.visibility(self.past, len(self.causal))
+            return self.causal + tokens, visible, qpos, kpos, [len(self.causal) + self.ends[r] for r in self.active]
+        # only the new nodes' rows: the whole matrix would grow with every step
+        visible, qpos, kpos = tree.visibility_of(self.past + len(self.causal), self.new)
+        offset = len(tokens) - len(self.new)
+        return [tokens[n] for n in self.new], visible, qpos, kpos, [self.ends[r] - offset for r in self.active]
+
+    def absorb(self, logprobs: np.ndarray) -> None:
+        """Give each active row its log-probabilities (in :meth:`inputs`' read order) and grow the tree by the
+        tokens chosen."""
+        self.passes += 1
+        going, self.new = [], []
+        for row, lp in zip(self.active, logprobs, strict=True):
+            chosen, done = self.choose(row, lp)
+            if done or not chosen:
+                continue
+            for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
+                self.ends[row] = self.trie.append(self.ends[row], int(token))
+                self.new.append(self.ends[row])
+            going.append(row)
+        self.active = going
 
 
 class Prefix(ABC):
@@ -254,38 +303,64 @@ class Backend(ABC):
         """Rows as branches of one growing tree in a fork of the state's cache: every node sees the state, the
         causal block and its ancestors (the same visibility as a scored tree), and stays in the fork."""
         cache = self._fork(state.cache)
-        trie = TrieBuilder()
-        ends = [trie.add(prefix)[-1] for prefix in prefixes]
-        tokens = trie.tokens
-        past = state.length
-        new = list(range(len(tokens)))
-        active = list(range(len(prefixes)))
-        first = True
-        while active:
-            if not first:
+        growth = Growth(state.length, causal, prefixes, choose)
+        while growth.active:
+            if growth.passes:
                 before_pass()
-            tree = trie.batch()
-            if first:
-                visible, qpos, kpos = tree.visibility(past, len(causal))
-                feed, read = causal + tokens, [len(causal) + ends[r] for r in active]
-            else:  # only the new nodes' rows: the whole matrix would grow with every step
-                visible, qpos, kpos = tree.visibility_of(past, new)
-                offset = len(tokens) - len(new)
-                feed, read = [tokens[n] for n in new], [ends[r] - offset for r in active]
-            logprobs = self._grow_pass(cache, feed, visible, qpos, kpos, read)
-            if first:
-                past += len(causal)
-                first = False
-            going, new = [], []
-            for row, lp in zip(active, logprobs, strict=True):
-                chosen, done = choose(row, lp)
-                if done or not chosen:
-                    continue
-                for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
-                    ends[row] = trie.append(ends[row], int(token))
-                    new.append(ends[row])
-                going.append(row)
-            active = going
+            feed, visible, qpos, kpos, read = growth.inputs()
+            growth.absorb(self._grow_pass(cache, feed, visible, qpos, kpos, read))
+
+    def generate_rows_many(
+        self,
+        states: Sequence[RequestState],
+        *,
+        causals: Sequence[Sequence[int]],
+        prefixes: Sequence[Sequence[Sequence[int]]],
+        chooses: Sequence[Chooser],
+        before_passes: Sequence[Callable[[], None]],
+    ) -> list[tuple[int, Exception | None]]:
+        """:meth:`generate_rows` for several requests: their rows advance together, one pass per step for every
+        row of every request, where the backend batches documents (each request a batch row over its own cache);
+        else one request after the other. Each request's rows get exactly what :meth:`generate_rows` gives them.
+
+        Args:
+            states: The requests' states (consumed).
+            causals: Per request, tokens to append before its rows.
+            prefixes: Per request, its rows' non-empty prefixes.
+            chooses: Per request, its chooser.
+            before_passes: Per request, called before each pass it takes part in after its first; what it raises
+                stops that request's rows only.
+
+        Returns:
+            Per request, the passes it took part in and the exception that stopped it (``None`` when it finished).
+        """
+        out: list[tuple[int, Exception | None]] = []
+        if not self.batches_documents or self.scorer != "packed" or len(states) < 2:
+            for state, causal, rows, choose, check in zip(
+                states, causals, prefixes, chooses, before_passes, strict=True
+            ):
+                before = self.forward_passes
+                try:
+                    self.generate_rows(state, causal=causal, prefixes=rows, choose=choose, before_pass=check)
+                except Exception as exc:  # noqa: BLE001 - this request's failure, returned in its place
+                    out.append((self.forward_passes - before, exc))
+                else:
+                    out.append((self.forward_passes - before, None))
+            return out
+        for rows in prefixes:
+            if any(len(p) == 0 for p in rows):
+                raise PromptAlignmentError("generate_rows_many: expected every row to start with at least one token.")
+        growths = [
+            Growth(s.length, [int(t) for t in c], [[int(t) for t in p] for p in rows], choose)
+            for s, c, rows, choose in zip(states, causals, prefixes, chooses, strict=True)
+        ]
+        return self._grow_many(list(states), growths, list(before_passes))
+
+    def _grow_many(
+        self, states: list[Any], growths: list[Growth], before_passes: list[Callable[[], None]]
+    ) -> list[tuple[int, Exception | None]]:
+        """Grow several requests' rows together (see :meth:`generate_rows_many`)."""
+        raise NotImplementedError(f"{type(self).__name__} has no batched row generator.")
 
     def _rows_generate(
         self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser, before_pass: Callable[[], None]

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.backends.base import Backend, Growth, Prefix, RequestState, estimate_pass_bytes, serialized
 from pcd_engine.errors import ModelLoadError, OptionError, PromptAlignmentError, require
 from pcd_engine.tree import TreeBatch
 
@@ -355,7 +355,6 @@ class TorchBackend(Backend):
         block), so the states are exactly what one :meth:`score_tree` call each would leave.
         """
         torch = _torch()
-        from transformers import DynamicCache
 
         pasts = [s.length for s in states]
         widest, c_max = max(pasts), max(len(c) for c in causal)
@@ -374,22 +373,9 @@ class TorchBackend(Backend):
             visible[i][np.ix_(qslots, kslots)] = v
             ids[i, qslots], qpos[i, qslots], kpos[i, kslots] = [*c, *b.tokens], q, k
             read[i, [len(c) - 1 if r < 0 else c_max + r for r in b.query_rows]] = True
-        cache = DynamicCache()
-        layers: list[Any] = []
-        for index in range(len(states[0].cache.layers)):
-            mine = [s.cache.layers[index] for s in states]
-            layers.append(_FilledLayer.of([m.keys for m in mine], [m.values for m in mine], widest, t))
-        cache.layers = layers
-        with self._grad():
-            out = self.model(
-                input_ids=torch.from_numpy(ids).to(self._device),
-                position_ids=torch.from_numpy(qpos).to(self._device),
-                attention_mask=self._masks(visible, qpos, kpos),
-                **{self._cache_kw: cache},
-                use_cache=True,
-                logits_to_keep=torch.from_numpy(read).to(self._device),
-            )
-        self.forward_passes += 1
+        cache = self._buffered_cache(states, widest, t)
+        logits = self._buffered_pass(cache, ids, qpos, visible, kpos, read)
+        layers: list[Any] = list(cache.layers)
         for i, (state, c) in enumerate(zip(states, causal, strict=True)):
             if c:
                 lo, hi = widest - pasts[i], widest + len(c)
@@ -397,10 +383,6 @@ class TorchBackend(Backend):
                     layer.keys, layer.values = filled.keys[i : i + 1, :, lo:hi], filled.values[i : i + 1, :, lo:hi]
                 state.ids.extend(c)
                 state.length += len(c)
-        logits = out.logits
-        if logits.ndim == 3:  # a model that ignores a mask of rows to keep returns every row
-            logits = logits[torch.from_numpy(read).to(logits.device)]
-        logits = logits.float()
         # Kept rows come in (row, slot) order; map each query to its kept row.
         kept = np.cumsum(read.ravel()) - 1
         picks, tokens = [], []
@@ -415,6 +397,108 @@ class TorchBackend(Backend):
         picked = (logits[where, torch.tensor(tokens, device=logits.device)] - norm[where]).double().cpu().numpy()
         bounds = np.cumsum([0, *(len(b.query_rows) for b in batches)])
         return [picked[bounds[i] : bounds[i + 1]] for i in range(len(batches))]
+
+    def _grow_many(
+        self, states: list[TorchState], growths: list[Growth], before_passes: list[Callable[[], None]]
+    ) -> list[tuple[int, Exception | None]]:
+        """Several requests' rows grown together, one batch row per request (see
+        :meth:`Backend.generate_rows_many`).
+
+        One buffer per layer holds every request's cache left-padded to the longest (``P`` slots); each pass
+        appends as many slots as the request feeding the most tokens needs, and request ``i`` puts its tokens in
+        the first of them. Request ``i``'s visibility (from its :class:`Growth`, over its keys in feeding order)
+        is moved to the slots its keys sit in; a request that has finished, or feeds fewer tokens, pads with
+        queries that see only themselves. Only the rows read are projected onto the vocabulary.
+        """
+        torch = _torch()
+
+        pasts = [s.length for s in states]
+        widest = max(pasts)
+        first = max(len(g.causal) + len(g.trie.tokens) for g in growths)
+        cache = self._buffered_cache(states, widest, first)
+        layers: list[Any] = list(cache.layers)
+        slots = [list(range(widest - past, widest)) for past in pasts]
+        passes = [0] * len(states)
+        failed: list[Exception | None] = [None] * len(states)
+        while True:
+            going = []
+            for i, growth in enumerate(growths):
+                if failed[i] is None and growth.active:
+                    if growth.passes:
+                        try:
+                            before_passes[i]()
+                        except Exception as exc:  # noqa: BLE001 - this request's failure only
+                            failed[i] = exc
+                            continue
+                    going.append(i)
+            if not going:
+                break
+            step = {i: growths[i].inputs() for i in going}
+            t = max(len(feed) for feed, *_ in step.values())
+            filled = int(layers[0].filled)
+            for layer in layers:
+                layer.reserve(t)
+            width = filled + t
+            ids = np.zeros((len(states), t), dtype=np.int64)
+            qpos = np.zeros((len(states), t), dtype=np.int64)
+            kpos = np.zeros((len(states), width), dtype=np.int64)
+            visible = np.zeros((len(states), t, width), dtype=bool)
+            visible[:, np.arange(t), filled + np.arange(t)] = True  # padding queries see themselves only
+            keep = np.zeros((len(states), t), dtype=bool)
+            for i, (feed, v, q, k, read) in step.items():
+                new = list(range(filled, filled + len(feed)))
+                columns = slots[i] + new
+                visible[i][np.ix_(np.arange(len(feed)), np.asarray(columns, dtype=np.int64))] = v
+                kpos[i, columns] = k
+                ids[i, : len(feed)], qpos[i, : len(feed)] = feed, q
+                keep[i, read] = True
+                slots[i] = columns
+            logits = self._buffered_pass(cache, ids, qpos, visible, kpos, keep)
+            logprobs = torch.log_softmax(logits, dim=-1).cpu().numpy()
+            at = 0
+            for i in going:  # kept rows come in (request, slot) order, each slot once
+                read = step[i][4]
+                kept = sorted(set(read))
+                mine = logprobs[at : at + len(kept)]
+                at += len(kept)
+                passes[i] += 1
+                growths[i].absorb(mine[[kept.index(r) for r in read]])
+        return list(zip(passes, failed, strict=True))
+
+    def _buffered_cache(self, states: list[TorchState], widest: int, room: int) -> Any:
+        """A cache of one batch row per state: each layer one buffer with the state's cache right-aligned in the
+        first ``widest`` slots and ``room`` free slots after (see :func:`_filled_layer_class`)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        layers: list[Any] = []
+        for index in range(len(states[0].cache.layers)):
+            mine = [s.cache.layers[index] for s in states]
+            layers.append(_FilledLayer.of([m.keys for m in mine], [m.values for m in mine], widest, room))
+        cache.layers = layers
+        return cache
+
+    def _buffered_pass(
+        self, cache: Any, ids: np.ndarray, qpos: np.ndarray, visible: np.ndarray, kpos: np.ndarray, keep: np.ndarray
+    ) -> Any:
+        """One forward pass of batch rows (``ids``, ``qpos``: ``[rows, new]``) on a buffered cache under
+        ``visible`` (``[rows, new, keys]``); the float logits of the ``keep`` rows only, ``[kept, vocab]`` in
+        (row, slot) order."""
+        torch = _torch()
+        with self._grad(), self.model_lock:
+            out = self.model(
+                input_ids=torch.from_numpy(ids).to(self._device),
+                position_ids=torch.from_numpy(qpos).to(self._device),
+                attention_mask=self._masks(visible, qpos, kpos),
+                **{self._cache_kw: cache},
+                use_cache=True,
+                logits_to_keep=torch.from_numpy(keep).to(self._device),
+            )
+            self.forward_passes += 1
+        logits = out.logits
+        if logits.ndim == 3:  # a model that ignores a mask of rows to keep returns every row
+            logits = logits[torch.from_numpy(keep).to(logits.device)]
+        return logits.float()
 
     @serialized
     def _grow_pass(
@@ -553,6 +637,23 @@ def _filled_layer_class() -> type:
                     layer.values[row, :, widest - length : widest] = v[0]
             layer.filled = widest
             return layer
+
+        def reserve(self, more: int) -> None:
+            """Make room for ``more`` slots after the filled ones (a larger buffer, when needed, with room to
+            spare so that growing a row a token at a time copies the buffer only now and then)."""
+            torch = _torch()
+            keys: Any = self.keys
+            values: Any = self.values
+            if self.filled + more <= keys.shape[2]:
+                return
+            size = self.filled + max(more, self.filled // 2, 16)
+            bigger_k = torch.zeros((*keys.shape[:2], size, keys.shape[-1]), dtype=keys.dtype, device=keys.device)
+            bigger_v = torch.zeros(
+                (*values.shape[:2], size, values.shape[-1]), dtype=values.dtype, device=values.device
+            )
+            bigger_k[:, :, : self.filled] = keys[:, :, : self.filled]
+            bigger_v[:, :, : self.filled] = values[:, :, : self.filled]
+            self.keys, self.values = bigger_k, bigger_v
 
         def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
             keys: Any = self.keys

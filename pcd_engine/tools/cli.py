@@ -20,7 +20,7 @@ from pcd_engine.checks import check_text
 from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
-from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions
+from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions, check_batch_size
 from pcd_engine.tools.examples import EXAMPLE_PRESETS
 from pcd_engine.tools.terminal import (
     dataset_name,
@@ -259,6 +259,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_generated_tokens=args.max_generated_tokens or None,
         time_limit_s=args.time_limit or None,
     )
+    check_batch_size(args.max_batch)  # before the model loads
     api_key = args.api_key or os.environ.get("PCD_API_KEY") or None
     loopback = args.host in ("localhost", "127.0.0.1", "::1")
     if not loopback and not api_key:
