@@ -3,8 +3,11 @@ document decided alone, on every tiny architecture, with the passes counted by t
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 import pytest
+from pydantic import BaseModel
 
 from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
@@ -206,3 +209,33 @@ def test_collector_refuses_bad_input_at_once(tiny_engine):
         collector.submit("text", PROBE, temperature=-1)
     assert collector.extract(PROBE_TEXT, PROBE).values == tiny_engine.extract(PROBE_TEXT, PROBE).values
     collector.close()
+
+
+# ------------------------------------------------------------------------------------------------ the real model
+
+
+class NewsTags(BaseModel):
+    topic: Literal["business", "entertainment", "politics", "sport", "tech"]
+    tone: Literal["positive", "neutral", "negative"]
+    opinion: bool
+    region: Literal["UK", "US", "Europe", "Asia", "global"]
+
+
+@pytest.mark.real_model
+def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine):
+    """On the embedded model: every example preset (closed, anchored, 255 labels, open fields) over four texts,
+    and 64 BBC News articles in batches of 16: decisions identical, probabilities within 1e-4."""
+    from pcd_engine.tools.datasets import load_dataset
+    from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
+
+    for name in EXAMPLE_PRESETS:
+        preset = example_preset(name)
+        texts = [preset.context, f"Note: {preset.context}", f"{preset.context} Thanks.", "Hi."]
+        batched = default_engine.extract_many(texts, preset.schema, batch_size=4)
+        for text, got in zip(texts, batched, strict=True):
+            assert_same(default_engine.extract(text, preset.schema), got)
+        assert max(n for r in batched for n in r.stats.documents_per_pass) > 1, name
+    articles = [d.text[:800] for d in load_dataset("bbc-news", limit=64, seed=1)]
+    batched = default_engine.extract_many(articles, NewsTags, batch_size=16)
+    for text, got in zip(articles, batched, strict=True):
+        assert_same(default_engine.extract(text, NewsTags), got)

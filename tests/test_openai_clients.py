@@ -11,6 +11,7 @@ from pydantic import BaseModel
 
 pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
 
+from pcd_engine.collector import Collector  # noqa: E402
 from pcd_engine.tools.serve import create_app  # noqa: E402
 from tests.support import order_status_engine, serve_on_loopback  # noqa: E402
 
@@ -85,15 +86,22 @@ def test_instructor(base, default_engine, mode):
     )
     messages = [{"role": "user", "content": TEXT}]
     seen: list[tuple[str, dict[str, Any]]] = []
-    real = default_engine.extract
+    # Scored answers go through the server's collector; a forced tool call's arguments through the engine.
+    collect, extract = Collector.extract, default_engine.extract
 
-    def spy(text: str, *args: Any, **kwargs: Any) -> Any:
-        result = real(text, *args, **kwargs)
+    def collected(self: Collector, text: str, *args: Any, **kwargs: Any) -> Any:
+        result = collect(self, text, *args, **kwargs)
+        seen.append((text, result.values))
+        return result
+
+    def extracted(text: str, *args: Any, **kwargs: Any) -> Any:
+        result = extract(text, *args, **kwargs)
         seen.append((text, result.values))
         return result
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(default_engine, "extract", spy)
+        patch.setattr(Collector, "extract", collected)
+        patch.setattr(default_engine, "extract", extracted)
         got = client.chat.completions.create(model=MODEL, response_model=Ticket, messages=messages, max_retries=0)
     ((document, values),) = seen  # one scored extraction answered the request
     assert got.model_dump() == values
