@@ -204,6 +204,28 @@ class BackendConformance:
         anchored.extract(TEXT, SHARED_PREFIXES)
         assert anchored.extract(TEXT, SHARED_PREFIXES).stats.forward_passes == 2
 
+    def test_batched_documents_equal_one_at_a_time(self, backend):
+        """``extract_many`` on documents of mixed lengths, with waves, a multi-label field and an open field:
+        every answer equals the document decided alone; documents share passes where the backend batches them,
+        and take one pass each where it does not."""
+        schema = {
+            "tone": {"type": "enum", "choices": ["calm", "angry", "sad"]},
+            "refund": {"type": "boolean", "depends_on": ["tone"]},
+            "tags": {"type": "multi", "choices": ["late", "broken", "billing"], "max_items": 2},
+            "summary": {"type": "string", "max_tokens": 3},
+        }
+        texts = ["Short.", TEXT, f"{TEXT} {TEXT}"]
+        engine = Engine(backend, batch_size=8)
+        batched = engine.extract_many(texts, schema)
+        for text, got in zip(texts, batched, strict=True):
+            alone = engine.extract(text, schema)
+            assert got.values == alone.values
+            for name, field in alone.fields.items():
+                if field.probability is not None:
+                    assert got.fields[name].probability == pytest.approx(field.probability, abs=1e-4)
+        shared = {n for r in batched for n in r.stats.documents_per_pass}
+        assert max(shared) > 1 if backend.batches_documents else shared == {1}
+
     # ------------------------------------------------------------------------------------------ open rows
 
     def scripted_rows(self, backend: Any, scripts: list[list[list[int]]]) -> dict[str, Any]:
