@@ -24,16 +24,22 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from pcd_engine.checks import check_text
 from pcd_engine.generation import OpenRows
+from pcd_engine.options import ExtractOptions
 from pcd_engine.request import Request, WavePlan
 from pcd_engine.result import ExtractionResult
+from pcd_engine.schema import Schema
 from pcd_engine.tree import TreeBatch
 
-__all__ = ["Batch", "Member", "fits", "groups", "row_groups", "run_batch"]
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
+
+__all__ = ["Batch", "Document", "Member", "fits", "groups", "row_groups", "run_batch"]
 
 # A request in a wave's shared pass: the caller's key, the request, and its one tree batch.
 Member = tuple[int, Request, TreeBatch]
@@ -231,31 +237,52 @@ def _cut(items: list[T], limit: int, fits: Callable[[list[T]], bool]) -> list[li
 
 def _rows_fit(group: Sequence[tuple[int, Request, OpenRows]]) -> bool:
     first = group[0][1]
-    past = max(r.rows_past([f for f in r.schema.fields if not f.scored], rows.plan) for _, r, rows in group)
+    past = max(r.rows_past(rows) for _, r, rows in group)
     n = max(len(rows.plan.prefixes) for _, _, rows in group)
     need = len(group) * first.backend.pass_bytes(past=past, new=n, rows=n)
     return need <= min(r.budget.bytes for _, r, _ in group)
 
 
+@dataclass(frozen=True)
+class Document:
+    """One extraction to decide in a batch.
+
+    Attributes:
+        text: The document (checked when its request opens).
+        schema: The compiled schema.
+        call: The resolved options.
+        cancelled: Checked before every pass; once it returns True the request stops.
+        where: How errors name the text (``"texts[3]"``).
+    """
+
+    text: str
+    schema: Schema
+    call: ExtractOptions
+    cancelled: Callable[[], bool] | None = None
+    where: str = "text"
+
+
 def run_batch(
-    opened: Sequence[Callable[[], Request]], *, max_documents: int, started: float | None = None
+    engine: Engine, documents: Sequence[Document], *, max_documents: int, started: float | None = None
 ) -> list[ExtractionResult | Exception]:
-    """Open each request (a failure to open is that document's exception), decide them as one :class:`Batch`, and
-    return a result or exception per document, in order.
+    """Open each document's request (a failure to open is that document's exception), decide them as one
+    :class:`Batch`, and return a result or exception per document, in order.
 
     Args:
-        opened: Per document, a function that opens its request.
+        engine: The engine the requests run on.
+        documents: The extractions.
         max_documents: The most documents one pass may hold.
         started: ``perf_counter`` reading each result's total time counts from (now by default).
     """
     batch = Batch({}, max_documents=max_documents, started=started or time.perf_counter())
-    for key, open_request in enumerate(opened):
+    for key, doc in enumerate(documents):
         try:
-            request = open_request()
+            text = check_text(doc.text, where=doc.where)
+            request = Request.open(engine, doc.schema, doc.call, text, cancelled=doc.cancelled)
         except Exception as exc:  # noqa: BLE001 - this document's result
             batch.failed[key] = exc
             continue
         request.passes = request.prefill_passes
         batch.requests[key] = request
     done = batch.run()
-    return [done[k] for k in range(len(opened))]
+    return [done[k] for k in range(len(documents))]

@@ -18,12 +18,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.batch import run_batch
-from pcd_engine.checks import check_text
+from pcd_engine.batch import Document, run_batch
+from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
-from pcd_engine.request import Request
 from pcd_engine.result import ExtractionResult
-from pcd_engine.schema import Schema, compile_schema
+from pcd_engine.schema import compile_schema
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -33,10 +32,7 @@ __all__ = ["Collector"]
 
 @dataclass(frozen=True)
 class _Job:
-    text: str
-    schema: Schema
-    call: ExtractOptions
-    cancelled: Callable[[], bool] | None
+    document: Document
     future: Future[ExtractionResult]
 
 
@@ -56,8 +52,6 @@ class Collector:
     """
 
     def __init__(self, engine: Engine, *, window_ms: float = 5.0, max_documents: int | None = None) -> None:
-        from pcd_engine.errors import OptionError
-
         if not window_ms >= 0:
             raise OptionError(f"window_ms: expected a number >= 0, but got {window_ms!r}.")
         self.engine = engine
@@ -86,7 +80,8 @@ class Collector:
             SchemaError: If the schema has a field pcd cannot decide (at once, in the caller's thread).
             OptionError: If an option is unknown or out of range (at once).
         """
-        job = _Job(text, compile_schema(schema), self.engine.resolve(options, **knobs), cancelled, Future())
+        document = Document(text, compile_schema(schema), self.engine.resolve(options, **knobs), cancelled)
+        job = _Job(document, Future())
         self._start()
         self._jobs.put(job)
         return job.future
@@ -143,13 +138,8 @@ class Collector:
             return
         self.batches.append(len(live))
 
-        def opener(job: _Job) -> Callable[[], Request]:
-            return lambda: Request.open(
-                self.engine, job.schema, job.call, check_text(job.text), cancelled=job.cancelled
-            )
-
         try:
-            done = run_batch([opener(j) for j in live], max_documents=self.max_documents)
+            done = run_batch(self.engine, [j.document for j in live], max_documents=self.max_documents)
         except Exception as exc:  # noqa: BLE001 - a failure of the shared pass is every request's failure
             for job in live:
                 job.future.set_exception(exc)

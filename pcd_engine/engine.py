@@ -31,7 +31,7 @@ from typing import Any
 
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.base import Backend, Prefix
-from pcd_engine.batch import run_batch
+from pcd_engine.batch import Document, run_batch
 from pcd_engine.budget import PassBudget
 from pcd_engine.cache import CompileCache, Head
 from pcd_engine.checks import check_text
@@ -218,18 +218,11 @@ class Engine:
             for i, text in enumerate(texts):
                 check_text(text, where=f"texts[{i}]")
 
-        def opener(i: int) -> Callable[[], Request]:
-            def run() -> Request:
-                return Request.open(
-                    self, compiled, call, check_text(texts[i], where=f"texts[{i}]"), cancelled=cancelled
-                )
-
-            return run
-
+        documents = [Document(t, compiled, call, cancelled, f"texts[{i}]") for i, t in enumerate(texts)]
         out: list[Any] = []
         window = 4 * size
-        for first in range(0, len(texts), window):
-            done = run_batch([opener(i) for i in range(first, min(first + window, len(texts)))], max_documents=size,
+        for first in range(0, len(documents), window):
+            done = run_batch(self, documents[first : first + window], max_documents=size,
                              started=started if first == 0 else None)  # fmt: skip
             if not return_exceptions:
                 failure = next((r for r in done if isinstance(r, Exception)), None)

@@ -344,6 +344,16 @@ class OpenRows:
         ]
         return cls(plan, rows)
 
+    @property
+    def fields(self) -> list[FieldSpec]:
+        """The open fields, in row order."""
+        return [row.spec for row in self._rows]
+
+    @property
+    def grown(self) -> int:
+        """The most tokens the rows can add to the cache: every prefix and every row's token limit."""
+        return sum(len(p) for p in self.plan.prefixes) + sum(row.limit for row in self._rows)
+
     def choose(self, row: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
         """The :data:`~pcd_engine.backends.base.Chooser` of these rows."""
         return _choose(self._rows[row], logprobs)

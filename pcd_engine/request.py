@@ -25,7 +25,7 @@ from pcd_engine.checks import check_budget, check_sizes, check_window
 from pcd_engine.compiler import CompiledWave, FieldTrie, questions, written_value
 from pcd_engine.decoding import Decision, Fixed, choose_strategy
 from pcd_engine.errors import LimitError, PromptAlignmentError
-from pcd_engine.generation import OpenRows, RowPlan
+from pcd_engine.generation import OpenRows
 from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.options import ExtractOptions
 from pcd_engine.planner import plan_waves
@@ -280,7 +280,8 @@ class Request:
             self.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
             prefix_tokens = sum(len(p) for p in rows.prefixes)
             self.fit_causal(extra=prefix_tokens, keep=0)
-            past, n = self.rows_past(open_fields, rows), len(open_fields)
+            opened = OpenRows.start(rows, open_fields, engine.grammars, limit)
+            past, n = self.rows_past(opened), len(open_fields)
             if not self.budget.fits(past=past, new=n, rows=n):
                 need = self.backend.pass_bytes(past=past, new=n, rows=n)
                 raise LimitError(
@@ -288,14 +289,12 @@ class Request:
                     f"their last pass needs about {need / 2**20:.0f} MiB. Raise memory_budget_mb, lower the fields' "
                     "token limits, or shorten the text."
                 )
-            return OpenRows.start(rows, open_fields, engine.grammars, limit)
+            return opened
 
-    def rows_past(self, open_fields: Sequence[FieldSpec], rows: RowPlan) -> int:
+    def rows_past(self, rows: OpenRows) -> int:
         """The most tokens the open rows' last pass can find in the cache: the state, the pending tokens, every
         row's prefix and every row's limit."""
-        limit = int(self.call.max_tokens or 1)
-        grown = sum(len(p) for p in rows.prefixes) + sum(spec.max_tokens or limit for spec in open_fields)
-        return self.state.length + len(self.pending) + grown
+        return self.state.length + len(self.pending) + rows.grown
 
     def generation_check(self) -> None:
         """Before every generation pass after the first: stop when the time is up or the call was cancelled."""
@@ -304,10 +303,9 @@ class Request:
     def finish_rows(self, rows: OpenRows, passes: int) -> None:
         """Record the grown rows' values (``passes``: the generation passes this request took part in)."""
         limit = int(self.call.max_tokens or 1)
-        open_fields = [f for f in self.schema.fields if not f.scored]
         self.generation_passes = passes
         self.pending = []
-        for spec, generated in zip(open_fields, rows.values(self.engine.tokenizer), strict=True):
+        for spec, generated in zip(rows.fields, rows.values(self.engine.tokenizer), strict=True):
             self.results[spec.name] = generated_result(spec, generated, len(self.waves), limit, self.warnings)
             self.generated_tokens += generated.tokens
 

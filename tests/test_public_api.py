@@ -225,7 +225,7 @@ MODULE_ALL = {
         "PromptFormat",
         "check_batch_size",
     ],
-    "pcd_engine.batch": ["Batch", "Member", "fits", "groups", "row_groups", "run_batch"],
+    "pcd_engine.batch": ["Batch", "Document", "Member", "fits", "groups", "row_groups", "run_batch"],
     "pcd_engine.lru": ["LRU"],
     "pcd_engine.calls": [
         "ANSWER",

@@ -13,6 +13,7 @@ of rows, one root-to-leaf chain per row.
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -474,7 +475,7 @@ class TorchBackend(Backend):
         layers: list[Any] = []
         for index in range(len(states[0].cache.layers)):
             mine = [s.cache.layers[index] for s in states]
-            layers.append(_FilledLayer.of([m.keys for m in mine], [m.values for m in mine], widest, room))
+            layers.append(_filled_layer_class().of([m.keys for m in mine], [m.values for m in mine], widest, room))
         cache.layers = layers
         return cache
 
@@ -607,7 +608,8 @@ class TorchBackend(Backend):
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu().numpy()
 
 
-def _filled_layer_class() -> type:
+@functools.cache
+def _filled_layer_class() -> Any:
     from transformers.cache_utils import DynamicLayer
 
     class FilledLayer(DynamicLayer):  # type: ignore[misc]
@@ -668,17 +670,3 @@ def _filled_layer_class() -> type:
             return int(self.filled)
 
     return FilledLayer
-
-
-class _FilledLayerProxy:
-    """Builds the :func:`_filled_layer_class` layer lazily (transformers is imported only when a pass runs)."""
-
-    cls: Any = None
-
-    def of(self, keys: list[Any], values: list[Any], widest: int, new: int) -> Any:
-        if self.cls is None:
-            type(self).cls = _filled_layer_class()
-        return self.cls.of(keys, values, widest, new)
-
-
-_FilledLayer = _FilledLayerProxy()
