@@ -9,6 +9,8 @@ whether every decision equals the loop's.
 Usage::
 
     python benchmarks/bench_batch.py --docs 64 --repeats 3
+    python benchmarks/bench_batch.py --docs 64 --open          # plus an open field (a short summary)
+    python benchmarks/bench_batch.py --docs 32 --backend mlx   # MLX (mlx[cpu] on Linux)
     python benchmarks/bench_batch.py --model /path/to/folder --device cuda --docs 64   # on a GPU
 """
 
@@ -41,6 +43,12 @@ class Tags(BaseModel):
     audience: Literal["general", "specialist"]
 
 
+class TagsAndSummary(Tags):
+    """Tags of a news article, and a short summary."""
+
+    summary: str = Field(description="The article in a few words", json_schema_extra={"x-max-tokens": 8})
+
+
 def _gpu_peak(engine: Engine, fn: Any) -> tuple[float, float, Any]:
     import torch
 
@@ -57,30 +65,34 @@ def _gpu_peak(engine: Engine, fn: Any) -> tuple[float, float, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="model folder or alias (default: the embedded SmolLM2-135M)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"])
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--docs", type=int, default=64)
     parser.add_argument("--sizes", default="1,4,16,64")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--chars", type=int, default=1500, help="keep each article's first CHARS characters")
+    parser.add_argument("--open", action="store_true", help="add an open field (an 8-token summary) to the schema")
     args = parser.parse_args()
 
-    engine = Engine.load(args.model, device=args.device, dtype=args.dtype)
+    engine = Engine.load(args.model, backend=args.backend, device=args.device, dtype=args.dtype)
+    schema: type[BaseModel] = TagsAndSummary if args.open else Tags
     docs = [d.text[: args.chars] for d in load_dataset("bbc-news", limit=args.docs, seed=0)]
     cuda = getattr(getattr(engine.backend, "_device", None), "type", "cpu") == "cuda"
     measure = (lambda fn: _gpu_peak(engine, fn)) if cuda else peak_rss
-    engine.extract(docs[0], Tags)  # the head prefill is not part of any row
-    tokens = [len(engine.prompt_for(d, Tags)) for d in docs]
+    engine.extract(docs[0], schema)  # the head prefill is not part of any row
+    tokens = [len(engine.prompt_for(d, schema)) for d in docs]
     print(f"model {args.model or 'smollm2-135m'}, backend {engine.backend.name} ({engine.backend.scorer}), "
           f"{len(docs)} BBC articles, prompt tokens median {statistics.median(tokens):.0f} "
-          f"(min {min(tokens)}, max {max(tokens)}), engine batch size {engine.batch_size()}")  # fmt: skip
+          f"(min {min(tokens)}, max {max(tokens)}), schema {schema.__name__}, "
+          f"engine batch size {engine.batch_size()}")  # fmt: skip
 
     def loop() -> list[Any]:
-        return [engine.extract(d, Tags) for d in docs]
+        return [engine.extract(d, schema) for d in docs]
 
     configs: list[tuple[str, Any]] = [("loop of extract", loop)]
     for size in (int(s) for s in args.sizes.split(",")):
-        run = lambda size=size: engine.extract_many(docs, Tags, batch_size=size)  # noqa: E731
+        run = lambda size=size: engine.extract_many(docs, schema, batch_size=size)  # noqa: E731
         configs.append((f"extract_many, batch {size}", run))
 
     rows: dict[str, dict[str, Any]] = {name: {"rates": [], "peak": 0.0} for name, _ in configs}

@@ -6,7 +6,7 @@ tree, and the requests whose tree fits one pass are scored together by
 :meth:`~pcd_engine.backends.base.Backend.score_trees`, one batch row each over its own cache (the schema heads are
 prefilled once and shared by reference). A request whose tree needs several passes (a very large wave under the
 memory budget) scores alone, and so does every request on a backend that cannot batch
-(:attr:`~pcd_engine.backends.base.Backend.batches_documents` is False: the rows fallback, MLX). Each request's
+(:attr:`~pcd_engine.backends.base.Backend.batches_documents` is False: the rows fallback). Each request's
 answer is the one it would get alone: the decisions are its own and the log-probs differ only by float rounding.
 
 Why batch rows and not one packed forest: in one sequence every query pays for every other document's keys, so a

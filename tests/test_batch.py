@@ -1,5 +1,5 @@
 """Many documents per pass (``Engine.extract_many``, :mod:`pcd_engine.batch`): every batched answer equals the
-document decided alone, on every tiny architecture, with the passes counted by the backend."""
+document decided alone, on every tiny architecture on both backends, with the passes counted by the backend."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.planner import plan_passes
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.check import PROBE, PROBE_TEXT
-from tests.support import ARCHS, tiny_model
+from tests.support import ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
 
 TEXTS = [
     "Short one.",
@@ -35,9 +35,30 @@ WAVES = {
 }
 
 
-@pytest.fixture(scope="module", params=ARCHS)
-def backend(request, smol_tokenizer):
-    return TorchBackend(tiny_model(request.param, len(smol_tokenizer)), smol_tokenizer)
+_MLX = [pytest.mark.mlx, pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")]
+
+
+@pytest.fixture(
+    scope="module",
+    params=[*(("torch", a) for a in ARCHS), *(pytest.param(("mlx", a), marks=_MLX) for a in ARCHS)],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
+def backend(request, smol_tokenizer, tmp_path_factory):
+    """Every tiny architecture on PyTorch, and the same models written out and loaded with mlx-lm."""
+    kind, arch = request.param
+    model = tiny_model(arch, len(smol_tokenizer))
+    if kind == "torch":
+        return TorchBackend(model, smol_tokenizer)
+    return load_mlx_twin(save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("m")), smol_tokenizer)[0]
+
+
+def rows_twin(backend):
+    """The same model with the rows fallback (one document per pass)."""
+    if isinstance(backend, TorchBackend):
+        return TorchBackend(backend.model, backend.tokenizer, scorer="rows")
+    from pcd_engine.backends.mlx import MLXBackend
+
+    return MLXBackend(backend.model, backend.tokenizer, scorer="rows")
 
 
 def assert_same(alone, batched):
@@ -123,7 +144,7 @@ def test_one_failing_document_fails_alone(tiny_engine):
 
 
 def test_rows_fallback_decides_one_document_per_pass(backend):
-    rows = TorchBackend(backend.model, backend.tokenizer, scorer="rows")
+    rows = rows_twin(backend)
     engine = Engine(rows, anchor=False)
     assert not rows.batches_documents and engine.batch_size() == 1
     for schema in (PROBE, WAVES):

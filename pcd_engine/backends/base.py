@@ -241,8 +241,8 @@ class Backend(ABC):
         batches: Sequence[TreeBatch],
     ) -> list[np.ndarray]:
         """:meth:`score_tree` for several requests: in ONE forward pass when :attr:`batches_documents` (each
-        request a batch row over its own cache), else one pass each. Each request's answer equals its own
-        :meth:`score_tree` call, and each state grows by its own causal tokens only.
+        request a batch row over its own cache, see :meth:`_batched_pass`), else one pass each. Each request's
+        answer equals its own :meth:`score_tree` call, and each state grows by its own causal tokens only.
 
         Args:
             states: The requests' states (distinct objects).
@@ -251,8 +251,68 @@ class Backend(ABC):
 
         Returns:
             Per request, the log-probabilities of its queries.
+
+        Raises:
+            TypeError: If a state is given twice.
+            PromptAlignmentError: If a batched request reads the root distribution but has no causal tokens.
         """
-        return [self.score_tree(s, causal=c, batch=b) for s, c, b in zip(states, causals, batches, strict=True)]
+        if len({id(s) for s in states}) != len(states):
+            raise TypeError("score_trees: expected distinct request states, but one was given twice.")
+        if not self.batches_documents or self.scorer != "packed" or len(states) < 2:
+            return [self.score_tree(s, causal=c, batch=b) for s, c, b in zip(states, causals, batches, strict=True)]
+        causal = [[int(t) for t in c] for c in causals]
+        for c, b in zip(causal, batches, strict=True):
+            if not c and -1 in b.query_rows:
+                raise PromptAlignmentError(
+                    "score_trees: expected causal tokens to read the root distribution from, but got none."
+                )
+        return self._batched_pass(list(states), causal, list(batches))
+
+    @serialized
+    def _batched_pass(self, states: list[Any], causal: list[list[int]], batches: list[TreeBatch]) -> list[np.ndarray]:
+        """One packed pass for several requests, one batch row each.
+
+        Every layer gets one buffer of ``[rows, heads, P + C + N, dim]`` slots (``P`` the longest cache, ``C`` the
+        longest causal block, ``N`` the largest tree; :meth:`_buffered_cache`). Row ``i`` holds its cache
+        left-padded to ``P`` slots, then its causal block, then (from slot ``P + C``) its tree nodes. The mask is
+        request ``i``'s own :meth:`~pcd_engine.tree.TreeBatch.visibility` moved to those slots (padding is never
+        seen; a padding query sees only itself), positions are each request's own, and only the rows read are
+        projected onto the vocabulary. Afterwards state ``i`` holds its own slots (its cache, then its causal
+        block; :meth:`_buffered_adopt`), so the states are exactly what one :meth:`score_tree` call each would
+        leave.
+        """
+        pasts = [s.length for s in states]
+        widest, c_max = max(pasts), max(len(c) for c in causal)
+        t = c_max + max(len(b.tokens) for b in batches)
+        rows = len(states)
+        ids = np.zeros((rows, t), dtype=np.int64)
+        qpos = np.zeros((rows, t), dtype=np.int64)
+        kpos = np.zeros((rows, widest + t), dtype=np.int64)
+        visible = np.zeros((rows, t, widest + t), dtype=bool)
+        visible[:, np.arange(t), widest + np.arange(t)] = True  # padding queries see themselves only
+        read = np.zeros((rows, t), dtype=bool)
+        for i, (past, c, b) in enumerate(zip(pasts, causal, batches, strict=True)):
+            v, q, k = b.visibility(past, len(c))
+            qslots = np.concatenate([np.arange(len(c)), c_max + np.arange(len(b.tokens))])
+            kslots = np.concatenate([widest - past + np.arange(past), widest + qslots])
+            visible[i][np.ix_(qslots, kslots)] = v
+            ids[i, qslots], qpos[i, qslots], kpos[i, kslots] = [*c, *b.tokens], q, k
+            read[i, [len(c) - 1 if r < 0 else c_max + r for r in b.query_rows]] = True
+        # Kept rows come in (row, slot) order; map each query to its kept row.
+        kept = np.cumsum(read.ravel()) - 1
+        picks = []
+        for i, (c, b) in enumerate(zip(causal, batches, strict=True)):
+            for r, token in zip(b.query_rows, b.query_tokens, strict=True):
+                picks.append((int(kept[i * t + (len(c) - 1 if r < 0 else c_max + r)]), int(token)))
+        cache = self._buffered_cache(states, widest, t)
+        picked = self._buffered_pass(cache, ids, qpos, visible, kpos, read, picks=picks)
+        for i, (state, c) in enumerate(zip(states, causal, strict=True)):
+            if c:
+                self._buffered_adopt(state, cache, i, widest - pasts[i], widest + len(c))
+                state.ids.extend(c)
+                state.length += len(c)
+        bounds = np.cumsum([0, *(len(b.query_rows) for b in batches)])
+        return [picked[bounds[i] : bounds[i + 1]] for i in range(len(batches))]
 
     def generate_rows(
         self,
@@ -356,11 +416,97 @@ class Backend(ABC):
         ]
         return self._grow_many(list(states), growths, list(before_passes))
 
+    @serialized
     def _grow_many(
         self, states: list[Any], growths: list[Growth], before_passes: list[Callable[[], None]]
     ) -> list[tuple[int, Exception | None]]:
-        """Grow several requests' rows together (see :meth:`generate_rows_many`)."""
-        raise NotImplementedError(f"{type(self).__name__} has no batched row generator.")
+        """Several requests' rows grown together, one batch row per request (see :meth:`generate_rows_many`).
+
+        One buffer per layer holds every request's cache left-padded to the longest (``P`` slots); each pass
+        appends as many slots as the request feeding the most tokens needs, and request ``i`` puts its tokens in
+        the first of them. Request ``i``'s visibility (from its :class:`Growth`, over its keys in feeding order)
+        is moved to the slots its keys sit in; a request that has finished, or feeds fewer tokens, pads with
+        queries that see only themselves. Only the rows read are projected onto the vocabulary.
+        """
+        pasts = [s.length for s in states]
+        widest = max(pasts)
+        first = max(len(g.causal) + len(g.trie.tokens) for g in growths)
+        cache = self._buffered_cache(states, widest, first)
+        slots = [list(range(widest - past, widest)) for past in pasts]
+        passes = [0] * len(states)
+        failed: list[Exception | None] = [None] * len(states)
+        while True:
+            going = []
+            for i, growth in enumerate(growths):
+                if failed[i] is None and growth.active:
+                    if growth.passes:
+                        try:
+                            before_passes[i]()
+                        except Exception as exc:  # noqa: BLE001 - this request's failure only
+                            failed[i] = exc
+                            continue
+                    going.append(i)
+            if not going:
+                break
+            step = {i: growths[i].inputs() for i in going}
+            t = max(len(feed) for feed, *_ in step.values())
+            filled = self._buffered_room(cache, t)
+            width = filled + t
+            ids = np.zeros((len(states), t), dtype=np.int64)
+            qpos = np.zeros((len(states), t), dtype=np.int64)
+            kpos = np.zeros((len(states), width), dtype=np.int64)
+            visible = np.zeros((len(states), t, width), dtype=bool)
+            visible[:, np.arange(t), filled + np.arange(t)] = True  # padding queries see themselves only
+            keep = np.zeros((len(states), t), dtype=bool)
+            for i, (feed, v, q, k, read) in step.items():
+                columns = slots[i] + list(range(filled, filled + len(feed)))
+                visible[i][np.ix_(np.arange(len(feed)), np.asarray(columns, dtype=np.int64))] = v
+                kpos[i, columns] = k
+                ids[i, : len(feed)], qpos[i, : len(feed)] = feed, q
+                keep[i, read] = True
+                slots[i] = columns
+            logprobs = self._buffered_pass(cache, ids, qpos, visible, kpos, keep)
+            at = 0
+            for i in going:  # kept rows come in (request, slot) order, each slot once
+                read = step[i][4]
+                kept = sorted(set(read))
+                mine = logprobs[at : at + len(kept)]
+                at += len(kept)
+                passes[i] += 1
+                growths[i].absorb(mine[[kept.index(r) for r in read]])
+        return list(zip(passes, failed, strict=True))
+
+    # Batch rows over a shared buffer (backends that batch documents implement these four).
+
+    def _buffered_cache(self, states: list[Any], widest: int, room: int) -> Any:
+        """A cache of one batch row per state: each layer's buffer holds the state's cache right-aligned in the
+        first ``widest`` slots, with room for ``room`` more slots after."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch documents.")
+
+    def _buffered_room(self, cache: Any, more: int) -> int:
+        """Make room for ``more`` slots in a buffered cache; return how many slots are filled."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch documents.")
+
+    def _buffered_pass(
+        self,
+        cache: Any,
+        ids: np.ndarray,
+        qpos: np.ndarray,
+        visible: np.ndarray,
+        kpos: np.ndarray,
+        keep: np.ndarray,
+        *,
+        picks: Sequence[tuple[int, int]] | None = None,
+    ) -> np.ndarray:
+        """One forward pass of batch rows (``ids``, ``qpos``: ``[rows, new]``) on a buffered cache under
+        ``visible`` (``[rows, new, keys]``), which keeps the new slots. Only the ``keep`` rows reach the
+        vocabulary, in (row, slot) order. Returns their log-softmax (``float32 [kept, vocab]``), or, given
+        ``picks`` (kept row, token), just those log-probabilities (``float64``)."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch documents.")
+
+    def _buffered_adopt(self, state: Any, cache: Any, row: int, lo: int, hi: int) -> None:
+        """Make ``state``'s cache the slots ``lo:hi`` of batch row ``row`` of a buffered cache."""
+        raise NotImplementedError(f"{type(self).__name__} does not batch documents.")
 
     def _rows_generate(
         self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser, before_pass: Callable[[], None]

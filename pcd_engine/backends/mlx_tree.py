@@ -76,7 +76,8 @@ def module_wrappers() -> tuple[type, type]:
     import mlx.nn as nn
 
     class TreeRoPE(nn.Module):
-        """A layer's RoPE that also takes one position per token (``offset`` of shape ``[L]``, batch of 1)."""
+        """A layer's RoPE that also takes one position per token: ``offset`` of shape ``[L]`` (a batch of 1) or
+        ``[B, L]`` (one row of positions per batch row)."""
 
         def __init__(self, inner: Any) -> None:
             super().__init__()
@@ -86,6 +87,12 @@ def module_wrappers() -> tuple[type, type]:
             if isinstance(offset, mx.array) and offset.ndim == 1 and x.shape[0] == 1 and x.shape[-2] > 1:
                 # [1, H, L, D] -> [L, H, 1, D]: one token per batch row, each with its own offset.
                 return self.inner(x.transpose(2, 1, 0, 3), offset=offset).transpose(2, 1, 0, 3)
+            if isinstance(offset, mx.array) and offset.ndim == 2:
+                # [B, H, L, D] -> [B * L, H, 1, D], one offset per token, and back.
+                b, h, length, d = x.shape
+                flat = x.transpose(0, 2, 1, 3).reshape(b * length, h, 1, d)
+                out = self.inner(flat, offset=offset.reshape(-1))
+                return out.reshape(b, length, h, d).transpose(0, 2, 1, 3)
             return self.inner(x, offset=offset)
 
     class RowPicker(nn.Module):
@@ -98,7 +105,11 @@ def module_wrappers() -> tuple[type, type]:
 
         def __call__(self, x: Any) -> Any:
             keep = self._shared.keep
-            return self.inner(x if keep is None else x[:, keep])
+            if keep is None:
+                return self.inner(x)
+            if isinstance(keep, tuple):  # (batch rows, slots): the kept rows of a batch, as one row
+                return self.inner(x[keep[0], keep[1]][None])
+            return self.inner(x[:, keep])
 
     return TreeRoPE, RowPicker
 
@@ -113,11 +124,16 @@ class TreePass:
         self._distance: np.ndarray | None = None
         self._causal_only = False
         self._masks: dict[int | None, Any] = {}
+        # Attention that applies the mask to grouped scores [B, kv_heads, repeats, L, S] (mlx-lm's gemma2)
+        # needs a batched mask of [B, 1, 1, L, S]; every other takes [B, 1, L, S].
+        self.grouped_scores = False
 
     def begin(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, *, causal_only: bool) -> None:
+        """Start a pass: ``visible`` is ``[new, keys]`` (batch of 1) or ``[rows, new, keys]`` (batch rows), with
+        the query and key positions to match."""
         mx = import_mlx()
         self._visible = visible
-        self._distance = qpos[:, None] - kpos[None, :]
+        self._distance = qpos[..., :, None] - kpos[..., None, :]
         self._causal_only = causal_only
         self._masks = {}
         past = int(kpos.shape[0] - qpos.shape[0])
@@ -138,6 +154,8 @@ class TreePass:
         if window not in self._masks:
             mx = import_mlx()
             visible = self._visible if window is None else self._visible & (self._distance < window)
+            if visible.ndim == 3:
+                visible = visible[:, None, None] if self.grouped_scores else visible[:, None]
             self._masks[window] = mx.array(visible)
         return self._masks[window]
 
