@@ -94,6 +94,7 @@ class Batch:
                 prefixes=[rows.plan.prefixes for _, _, rows in group],
                 chooses=[rows.choose for _, _, rows in group],
                 before_passes=[r.generation_check for _, r, _ in group],
+                drafts=[rows.draft if rows.lookup is not None else None for _, _, rows in group],
             )
             elapsed = (time.perf_counter() - tick) * 1000
             for (key, request, rows), (passes, failure) in zip(group, outcomes, strict=True):

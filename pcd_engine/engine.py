@@ -242,8 +242,8 @@ class Engine:
 
     def batch_size(self, given: int | None = None) -> int:
         """The most documents one pass holds: ``given``, else :attr:`EngineOptions.batch_size`, else the backend's
-        :attr:`~pcd_engine.backends.base.Backend.default_batch_size` (4 on CPU, 32 on a GPU, 1 where documents are
-        not batched).
+        :attr:`~pcd_engine.backends.base.Backend.default_batch_size` (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU or
+        Metal; 1 where documents are not batched).
 
         Raises:
             OptionError: If ``given`` is not an integer >= 1.

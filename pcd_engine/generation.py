@@ -36,6 +36,7 @@ import numpy as np
 
 from pcd_engine.alignment import align_lines
 from pcd_engine.backends.base import Backend, RequestState
+from pcd_engine.drafting import PromptLookup
 from pcd_engine.errors import SchemaError, require
 from pcd_engine.lru import LRU
 from pcd_engine.prompt import TokenizerView
@@ -202,6 +203,8 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     truncated: bool = False
+    drafted: int = 0  # draft tokens proposed so far (at most ``limit``: rejected ones stay in the cache)
+    proposal: list[int] = field(default_factory=list)  # the part of the last proposal not yet checked
 
 
 def _allowed(matcher: Any, width: int) -> np.ndarray:
@@ -324,25 +327,51 @@ def generate_open(
 
 
 class OpenRows:
-    """A request's open rows while they grow: each row's grammar matcher, tokens and log-probs.
+    """A request's open rows while they grow: each row's grammar matcher, tokens and log-probs, and the drafts
+    proposed for them.
 
     Attributes:
         plan: The row plan (prefixes and leads).
+        lookup: The drafter's source (``None``: the rows are not drafted).
+        drafted: Draft tokens proposed so far, over all rows.
+        accepted: Draft tokens the model chose as they were proposed.
     """
 
-    def __init__(self, plan: RowPlan, rows: list[_Row]) -> None:
+    def __init__(self, plan: RowPlan, rows: list[_Row], lookup: PromptLookup | None = None) -> None:
         self.plan = plan
         self._rows = rows
+        self.lookup = lookup
+        self.drafted = 0
+        self.accepted = 0
 
     @classmethod
-    def start(cls, plan: RowPlan, fields: Sequence[FieldSpec], grammars: Grammars, max_tokens: int) -> OpenRows:
+    def start(
+        cls,
+        plan: RowPlan,
+        fields: Sequence[FieldSpec],
+        grammars: Grammars,
+        max_tokens: int,
+        *,
+        context: Sequence[int] = (),
+        draft_tokens: int = 0,
+    ) -> OpenRows:
         """One row per open field, each under its grammar, with its token limit (a field's own ``max_tokens``
-        wins over ``max_tokens``)."""
+        wins over ``max_tokens``).
+
+        Args:
+            plan: The row plan.
+            fields: The open fields, in row order.
+            grammars: The grammar cache.
+            max_tokens: Default token limit per value.
+            context: The prompt's token ids, which drafts are copied from.
+            draft_tokens: The most draft tokens proposed per row and pass (0: no drafts).
+        """
         rows = [
             _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
             for spec, lead in zip(fields, plan.leads, strict=True)
         ]
-        return cls(plan, rows)
+        lookup = PromptLookup(context, max_draft=draft_tokens) if draft_tokens > 0 and context else None
+        return cls(plan, rows, lookup)
 
     @property
     def fields(self) -> list[FieldSpec]:
@@ -351,12 +380,38 @@ class OpenRows:
 
     @property
     def grown(self) -> int:
-        """The most tokens the rows can add to the cache: every prefix and every row's token limit."""
-        return sum(len(p) for p in self.plan.prefixes) + sum(row.limit for row in self._rows)
+        """The most tokens the rows can add to the cache: every prefix and every row's token limit (twice when
+        drafted: a row's draft tokens are at most its limit)."""
+        per_row = 2 if self.lookup is not None else 1
+        return sum(len(p) for p in self.plan.prefixes) + per_row * sum(row.limit for row in self._rows)
 
     def choose(self, row: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
-        """The :data:`~pcd_engine.backends.base.Chooser` of these rows."""
-        return _choose(self._rows[row], logprobs)
+        """The :data:`~pcd_engine.backends.base.Chooser` of these rows (it also counts the draft tokens it
+        agrees with: the backend reads a draft's next position only while every choice equals the draft)."""
+        mine = self._rows[row]
+        chosen, done = _choose(mine, logprobs)
+        if mine.proposal:
+            agreed = 0
+            while agreed < min(len(chosen), len(mine.proposal)) and chosen[agreed] == mine.proposal[agreed]:
+                agreed += 1
+            self.accepted += agreed
+            mine.proposal = mine.proposal[agreed:] if agreed == len(chosen) else []
+        return chosen, done
+
+    def draft(self, row: int, tokens: Sequence[int]) -> list[int]:
+        """The :data:`~pcd_engine.drafting.Drafter` of these rows: the continuation of ``tokens`` found in the
+        context, cut where the row's grammar would refuse it, at the row's token limit, and once the row has been
+        proposed as many tokens as its limit."""
+        mine = self._rows[row]
+        room = min(mine.limit - len(mine.tokens), mine.limit - mine.drafted)
+        if self.lookup is None or room < 1 or mine.matcher.is_stopped():
+            return []
+        proposal = self.lookup(tokens, limit=room)
+        proposal = proposal[: mine.matcher.validate_tokens(proposal)] if proposal else []
+        mine.drafted += len(proposal)
+        self.drafted += len(proposal)
+        mine.proposal = list(proposal)
+        return proposal
 
     def values(self, tokenizer: TokenizerView) -> list[Generated]:
         """Each row's value, in field order."""

@@ -72,6 +72,8 @@ class ExtractOptions:
         temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
         anchor: Decide the first closed field alone and write it into the prompt before the others.
         max_tokens: The most tokens generated for one open field's value (a field's own ``x-max-tokens`` wins).
+        draft_tokens: The most tokens an open row proposes from the document per pass, checked in the row's own
+            pass (0 turns drafting off; the values are the same either way, see :mod:`pcd_engine.drafting`).
         memory_budget_mb: The estimated peak memory of one pass, in MiB.
         instructions: See :class:`PromptFormat`.
         list_choices: See :class:`PromptFormat`.
@@ -87,6 +89,7 @@ class ExtractOptions:
     temperature: float | None = None
     anchor: bool | None = None
     max_tokens: int | None = None
+    draft_tokens: int | None = None
     memory_budget_mb: float | None = None
     instructions: str | None = None
     list_choices: bool | None = None
@@ -109,6 +112,9 @@ class ExtractOptions:
         n = self.max_tokens
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise OptionError(f"max_tokens: expected an integer >= 1, but got {n!r}.")
+        d = self.draft_tokens
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
+            raise OptionError(f"draft_tokens: expected an integer >= 0, but got {d!r}.")
         m = self.memory_budget_mb
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {m!r}.")
@@ -189,6 +195,8 @@ class EngineOptions:
         low_mass_warning: Warn when a field's candidate mass is below this.
         max_tokens: The most tokens generated for one open field's value (a field's own ``max_tokens`` wins);
             a value cut there is flagged ``truncated``.
+        draft_tokens: The most tokens an open row proposes from the document per pass (see
+            :class:`ExtractOptions`); 0 turns drafting off.
         limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them.
         special_tokens: Read control strings in documents (``<|im_end|>``, ``<|im_start|>system``) as the
             template's control tokens. Off by default: a document is plain text and cannot open a turn.
@@ -198,7 +206,8 @@ class EngineOptions:
         prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
             template arguments).
         batch_size: The most documents :meth:`~pcd_engine.engine.Engine.extract_many` decides in one pass;
-            ``None`` lets the engine choose (4 on CPU, 32 on a GPU, 1 where the backend does not batch documents).
+            ``None`` lets the engine choose (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU or Metal; 1 where the
+            backend does not batch documents).
             The memory budget and the documents' lengths may split a batch further.
     """
 
@@ -209,6 +218,7 @@ class EngineOptions:
     top_k: int = 5
     low_mass_warning: float = 0.1
     max_tokens: int = 64
+    draft_tokens: int = 8
     limits: RequestLimits = field(default_factory=RequestLimits)
     special_tokens: bool = False
     strategy: str | None = None
@@ -239,6 +249,7 @@ class EngineOptions:
             temperature=self.temperature,
             anchor=self.anchor,
             max_tokens=self.max_tokens,
+            draft_tokens=self.draft_tokens,
             memory_budget_mb=self.memory_budget_mb,
             instructions=self.prompt.instructions,
             list_choices=self.prompt.list_choices,

@@ -92,6 +92,8 @@ class Request:
         generated_tokens: Tokens generated for the open rows.
         passes: Forward passes this request took part in, as a batch counts them (see :meth:`result`).
         documents_per_pass: For each scoring pass, how many documents shared it.
+        draft_tokens: Tokens the open rows proposed from the document.
+        accepted_tokens: Of those, the tokens the model chose as proposed.
         phases: Milliseconds per phase.
         results: Each decided field's result, by name.
         warnings: What the caller should know, in order.
@@ -116,6 +118,8 @@ class Request:
     generated_tokens: int = 0
     passes: int = 0
     documents_per_pass: list[int] = field(default_factory=list)
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     results: dict[str, FieldResult] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -253,7 +257,7 @@ class Request:
             before = self.backend.thread_passes
             self.backend.generate_rows(
                 self.state, causal=self.pending, prefixes=rows.plan.prefixes, choose=rows.choose,
-                before_pass=self.generation_check,
+                before_pass=self.generation_check, draft=rows.draft if rows.lookup is not None else None,
             )  # fmt: skip
             self.finish_rows(rows, self.backend.thread_passes - before)
 
@@ -280,7 +284,10 @@ class Request:
             self.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
             prefix_tokens = sum(len(p) for p in rows.prefixes)
             self.fit_causal(extra=prefix_tokens, keep=0)
-            opened = OpenRows.start(rows, open_fields, engine.grammars, limit)
+            opened = OpenRows.start(
+                rows, open_fields, engine.grammars, limit,
+                context=[*self.state.ids, *self.pending], draft_tokens=int(self.call.draft_tokens or 0),
+            )  # fmt: skip
             past, n = self.rows_past(opened), len(open_fields)
             if not self.budget.fits(past=past, new=n, rows=n):
                 need = self.backend.pass_bytes(past=past, new=n, rows=n)
@@ -308,6 +315,7 @@ class Request:
         for spec, generated in zip(rows.fields, rows.values(self.engine.tokenizer), strict=True):
             self.results[spec.name] = generated_result(spec, generated, len(self.waves), limit, self.warnings)
             self.generated_tokens += generated.tokens
+        self.draft_tokens, self.accepted_tokens = rows.drafted, rows.accepted
 
     def result(self, *, started: float, passes_before: int | None = None) -> ExtractionResult:
         """The extraction's result, with its statistics since ``started`` (a ``perf_counter`` reading) and
@@ -331,6 +339,8 @@ class Request:
             generated_tokens=self.generated_tokens,
             prefill_passes=self.prefill_passes,
             documents_per_pass=tuple(self.documents_per_pass),
+            draft_tokens=self.draft_tokens,
+            accepted_tokens=self.accepted_tokens,
         )
         values = {name: r.value for name, r in ordered.items()}
         return ExtractionResult(values, ordered, tuple(warnings), stats, self.schema)

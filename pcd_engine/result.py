@@ -103,6 +103,9 @@ class ExtractionStats:
             than 1 when the memory budget split a long head into chunks).
         documents_per_pass: For each scoring pass of the request, how many documents shared it (1 when it ran
             alone; more in a batch of :meth:`~pcd_engine.engine.Engine.extract_many`).
+        draft_tokens: Tokens the open rows proposed from the document (checked in the rows' own passes; see
+            :mod:`pcd_engine.drafting`).
+        accepted_tokens: Of those, the tokens the model chose as proposed: each saved a generation pass.
     """
 
     phases_ms: Mapping[str, float]
@@ -115,6 +118,14 @@ class ExtractionStats:
     generated_tokens: int = 0
     prefill_passes: int = 0
     documents_per_pass: tuple[int, ...] = ()
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Generated tokens per generation pass (0 without open fields); above 1 when drafts or forced tokens
+        let a row advance by several tokens in one pass."""
+        return self.generated_tokens / self.generation_passes if self.generation_passes else 0.0
 
 
 @dataclass(frozen=True)
@@ -176,6 +187,8 @@ class ExtractionResult:
             "generated_tokens": s.generated_tokens,
             "prefill_passes": s.prefill_passes,
             "documents_per_pass": list(s.documents_per_pass),
+            "draft_tokens": s.draft_tokens,
+            "accepted_tokens": s.accepted_tokens,
         }
         return {"values": dict(self.values), "fields": fields, "warnings": list(self.warnings), "stats": stats}
 

@@ -289,8 +289,9 @@ class OracleBackend(Backend):
             out.append(self.lm.logprob(state.ids + chain[::-1], token))
         return np.array(out)
 
-    def generate_rows(self, state, *, causal, prefixes, choose, before_pass=None) -> int:
-        """The obvious row generator: every row's whole context, one step (counted as one pass) at a time."""
+    def generate_rows(self, state, *, causal, prefixes, choose, before_pass=None, draft=None) -> int:
+        """The obvious row generator: every row's whole context, one step (counted as one pass) at a time (it
+        never drafts: it is the greedy reference)."""
         assert isinstance(state, OracleState)
         contexts = [state.ids + list(causal) + list(p) for p in prefixes]
         active = list(range(len(prefixes)))

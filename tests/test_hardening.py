@@ -312,7 +312,7 @@ class _SlowOracle(OracleBackend):
         time.sleep(self.delay)
         return super().score_tree(state, causal=causal, batch=batch)
 
-    def generate_rows(self, state, *, causal, prefixes, choose, before_pass=None):
+    def generate_rows(self, state, *, causal, prefixes, choose, before_pass=None, draft=None):
         def slow(row, logprobs):
             time.sleep(self.delay / len(prefixes))
             return choose(row, logprobs)

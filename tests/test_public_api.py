@@ -280,6 +280,7 @@ MODULE_ALL = {
     "pcd_engine.budget": ["PassBudget", "largest"],
     "pcd_engine.checks": ["check_budget", "check_sizes", "check_text", "check_window"],
     "pcd_engine.collector": ["Collector"],
+    "pcd_engine.drafting": ["PromptLookup"],
     "pcd_engine.generation": [
         "Generated",
         "Grammars",
@@ -293,6 +294,7 @@ MODULE_ALL = {
     "pcd_engine.backends.base": [
         "Backend",
         "Chooser",
+        "Drafter",
         "Growth",
         "Prefix",
         "RequestState",

@@ -33,7 +33,7 @@ import numpy as np
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.tree import TreeBatch, TrieBuilder
 
-__all__ = ["Backend", "Chooser", "Growth", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
+__all__ = ["Backend", "Chooser", "Drafter", "Growth", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -53,6 +53,10 @@ def serialized(method: _F) -> _F:
 # when a grammar forces what follows) and whether the row ends with them.
 Chooser = Callable[[int, np.ndarray], tuple[Sequence[int], bool]]
 
+# Called with (row index, the row's tokens so far: its prefix, then its chosen tokens); returns the tokens it
+# proposes to follow them, possibly none (see :mod:`pcd_engine.drafting`).
+Drafter = Callable[[int, Sequence[int]], Sequence[int]]
+
 
 def _nothing() -> None:
     return None
@@ -64,46 +68,97 @@ class Growth:
     The first pass feeds the causal block and every row's prefix (shared prefix tokens once); each later pass
     feeds the tokens the rows still going were given.
 
+    With a ``draft`` (:mod:`pcd_engine.drafting`), each row's next fed token is followed by the continuation the
+    drafter proposes, as a chain in the same pass; the row's distribution is read at the token and at every draft
+    token, and :meth:`absorb` calls the chooser at each in turn while its choices equal the draft (the last
+    accepted draft token's distribution gives one more choice). Every choice is made from the distribution of
+    exactly the tokens chosen before it, so the rows are the undrafted rows, in fewer passes; rejected draft
+    tokens stay in the cache, seen by no later token.
+
     Attributes:
         active: The rows still going.
         passes: Passes absorbed so far.
     """
 
-    def __init__(self, past: int, causal: list[int], prefixes: list[list[int]], choose: Chooser) -> None:
-        self.past, self.causal, self.choose = past, causal, choose
+    def __init__(
+        self,
+        past: int,
+        causal: list[int],
+        prefixes: list[list[int]],
+        choose: Chooser,
+        draft: Drafter | None = None,
+    ) -> None:
+        self.past, self.causal, self.choose, self.draft = past, causal, choose, draft
         self.trie = TrieBuilder()
         self.ends = [self.trie.add(prefix)[-1] for prefix in prefixes]
         self.new = list(range(len(self.trie.tokens)))
         self.active = list(range(len(prefixes)))
         self.passes = 0
+        self._history = [list(p) for p in prefixes]  # each row's tokens so far, for the drafter
+        self._drafts: dict[int, list[int]] = {}  # row -> its draft nodes in the coming pass
+        for row in self.active:
+            self._propose(row)
+
+    def _propose(self, row: int) -> None:
+        """Chain the drafter's proposal for ``row`` after its last token (fed in the coming pass)."""
+        if self.draft is None:
+            return
+        node, chain = self.ends[row], []
+        for token in self.draft(row, self._history[row]):
+            node = self.trie.append(node, int(token))
+            chain.append(node)
+            self.new.append(node)
+        if chain:
+            self._drafts[row] = chain
+
+    def _reads(self) -> list[int]:
+        return [n for r in self.active for n in (self.ends[r], *self._drafts.get(r, ()))]
 
     def inputs(self) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, list[int]]:
         """The next pass: the tokens fed, their visibility over every key so far and themselves (keys in feeding
-        order after the ``past`` cached ones), query and key positions, and the fed rows to read (one per active
-        row)."""
+        order after the ``past`` cached ones), query and key positions, and the fed rows to read (per active row,
+        its last token, then its draft tokens)."""
         tokens = self.trie.tokens
         tree = self.trie.batch()
         if not self.passes:
             visible, qpos, kpos = tree.visibility(self.past, len(self.causal))
-            return self.causal + tokens, visible, qpos, kpos, [len(self.causal) + self.ends[r] for r in self.active]
+            return self.causal + tokens, visible, qpos, kpos, [len(self.causal) + n for n in self._reads()]
         # only the new nodes' rows: the whole matrix would grow with every step
         visible, qpos, kpos = tree.visibility_of(self.past + len(self.causal), self.new)
         offset = len(tokens) - len(self.new)
-        return [tokens[n] for n in self.new], visible, qpos, kpos, [self.ends[r] - offset for r in self.active]
+        return [tokens[n] for n in self.new], visible, qpos, kpos, [n - offset for n in self._reads()]
 
     def absorb(self, logprobs: np.ndarray) -> None:
-        """Give each active row its log-probabilities (in :meth:`inputs`' read order) and grow the tree by the
-        tokens chosen."""
+        """Give each active row its log-probabilities (in :meth:`inputs`' read order), accept the draft tokens the
+        chooser agrees with, and grow the tree by the tokens chosen."""
         self.passes += 1
         going, self.new = [], []
-        for row, lp in zip(self.active, logprobs, strict=True):
-            chosen, done = self.choose(row, lp)
-            if done or not chosen:
-                continue
-            for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
-                self.ends[row] = self.trie.append(self.ends[row], int(token))
-                self.new.append(self.ends[row])
-            going.append(row)
+        at = 0
+        for row in self.active:
+            reads = [self.ends[row], *self._drafts.pop(row, ())]
+            mine = logprobs[at : at + len(reads)]
+            at += len(reads)
+            k, node = 0, self.ends[row]
+            while True:
+                chosen, done = self.choose(row, mine[k])
+                if done or not chosen:
+                    break
+                self._history[row].extend(int(t) for t in chosen)
+                drafted = True
+                for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
+                    if drafted and k + 1 < len(reads) and self.trie.tokens[reads[k + 1]] == int(token):
+                        k += 1
+                        node = reads[k]  # a draft token, already fed and read
+                    else:
+                        drafted = False
+                        node = self.trie.append(node, int(token))
+                        self.new.append(node)
+                self.ends[row] = node
+                if not drafted:
+                    going.append(row)
+                    self._propose(row)
+                    break
+                # every token chosen was drafted: its distribution is already here, choose again
         self.active = going
 
 
@@ -322,6 +377,7 @@ class Backend(ABC):
         prefixes: Sequence[Sequence[int]],
         choose: Chooser,
         before_pass: Callable[[], None] | None = None,
+        draft: Drafter | None = None,
     ) -> int:
         """Append ``causal``, then grow one row per prefix, all rows advancing together one token per pass.
 
@@ -338,6 +394,9 @@ class Backend(ABC):
             choose: ``(row, logprobs) -> (tokens, done)``; a done row's tokens are kept but never fed.
             before_pass: Called before every pass after the first; it may raise to stop the rows (a time limit, a
                 cancelled request), and then no further pass runs.
+            draft: ``(row, row tokens so far) -> proposed continuation``: the packed scorer checks each row's
+                proposal in the row's own pass and advances it by the tokens the chooser agrees with (see
+                :class:`Growth`; the rows are the same, in fewer passes). The rows fallback does not draft.
 
         Returns:
             The number of forward passes run.
@@ -354,16 +413,13 @@ class Backend(ABC):
             if self.scorer == "rows":
                 self._rows_generate(state, tokens, rows, choose, before_pass or _nothing)
             else:
-                self._packed_generate(state, tokens, rows, choose, before_pass or _nothing)
+                self._packed_generate(state, Growth(state.length, tokens, rows, choose, draft), before_pass or _nothing)
         return self.forward_passes - before
 
-    def _packed_generate(
-        self, state: Any, causal: list[int], prefixes: list[list[int]], choose: Chooser, before_pass: Callable[[], None]
-    ) -> None:
+    def _packed_generate(self, state: Any, growth: Growth, before_pass: Callable[[], None]) -> None:
         """Rows as branches of one growing tree in a fork of the state's cache: every node sees the state, the
         causal block and its ancestors (the same visibility as a scored tree), and stays in the fork."""
         cache = self._fork(state.cache)
-        growth = Growth(state.length, causal, prefixes, choose)
         while growth.active:
             if growth.passes:
                 before_pass()
@@ -378,6 +434,7 @@ class Backend(ABC):
         prefixes: Sequence[Sequence[Sequence[int]]],
         chooses: Sequence[Chooser],
         before_passes: Sequence[Callable[[], None]],
+        drafts: Sequence[Drafter | None] | None = None,
     ) -> list[tuple[int, Exception | None]]:
         """:meth:`generate_rows` for several requests: their rows advance together, one pass per step for every
         row of every request, where the backend batches documents (each request a batch row over its own cache);
@@ -390,18 +447,22 @@ class Backend(ABC):
             chooses: Per request, its chooser.
             before_passes: Per request, called before each pass it takes part in after its first; what it raises
                 stops that request's rows only.
+            drafts: Per request, its drafter or ``None`` (see :meth:`generate_rows`).
 
         Returns:
             Per request, the passes it took part in and the exception that stopped it (``None`` when it finished).
         """
         out: list[tuple[int, Exception | None]] = []
+        drafters = list(drafts) if drafts is not None else [None] * len(states)
         if not self.batches_documents or self.scorer != "packed" or len(states) < 2:
-            for state, causal, rows, choose, check in zip(
-                states, causals, prefixes, chooses, before_passes, strict=True
+            for state, causal, rows, choose, check, draft in zip(
+                states, causals, prefixes, chooses, before_passes, drafters, strict=True
             ):
                 before = self.forward_passes
                 try:
-                    self.generate_rows(state, causal=causal, prefixes=rows, choose=choose, before_pass=check)
+                    self.generate_rows(
+                        state, causal=causal, prefixes=rows, choose=choose, before_pass=check, draft=draft
+                    )
                 except Exception as exc:  # noqa: BLE001 - this request's failure, returned in its place
                     out.append((self.forward_passes - before, exc))
                 else:
@@ -411,8 +472,8 @@ class Backend(ABC):
             if any(len(p) == 0 for p in rows):
                 raise PromptAlignmentError("generate_rows_many: expected every row to start with at least one token.")
         growths = [
-            Growth(s.length, [int(t) for t in c], [[int(t) for t in p] for p in rows], choose)
-            for s, c, rows, choose in zip(states, causals, prefixes, chooses, strict=True)
+            Growth(s.length, [int(t) for t in c], [[int(t) for t in p] for p in rows], choose, draft)
+            for s, c, rows, choose, draft in zip(states, causals, prefixes, chooses, drafters, strict=True)
         ]
         return self._grow_many(list(states), growths, list(before_passes))
 

@@ -225,8 +225,9 @@ class MLXBackend(Backend):
 
     @property
     def default_batch_size(self) -> int:
-        """4 on CPU, where a pass costs about its tokens; 32 with Metal, where a pass of one document is mostly
-        fixed cost (the same reasoning as the PyTorch backend's)."""
+        """1 on CPU, where batched passes measured no faster than one document per pass
+        (``benchmarks/bench_batch.py --backend mlx``: 0.91-0.96x); 32 with Metal, where a pass of one document
+        is mostly fixed cost (the PyTorch backend's GPU default; not measured on Apple silicon here)."""
         if not self.batches_documents:
             return 1
         mx = import_mlx()
@@ -234,7 +235,7 @@ class MLXBackend(Backend):
             metal = bool(mx.metal.is_available()) and self._device != mx.cpu
         except AttributeError:
             metal = False
-        return 32 if metal else 4
+        return 32 if metal else 1
 
     def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own caches and masks."""
