@@ -126,6 +126,26 @@ def mlx_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("mlx", "mlx_lm"))
 
 
+def both_backends() -> list[Any]:
+    """Fixture params: every tiny architecture on PyTorch, then on MLX (marked ``mlx``, skipped without it)."""
+    import pytest
+
+    marks = [pytest.mark.mlx, pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")]
+    return [*(("torch", a) for a in ARCHS), *(pytest.param(("mlx", a), marks=marks) for a in ARCHS)]
+
+
+def tiny_backend(param: tuple[str, str], tokenizer: Any, folder: Path) -> Any:
+    """The backend of one :func:`both_backends` param: a tiny torch model, or that model written to ``folder``
+    and loaded with mlx-lm."""
+    from pcd_engine.backends.torch import TorchBackend
+
+    kind, arch = param
+    model = tiny_model(arch, len(tokenizer))
+    if kind == "torch":
+        return TorchBackend(model, tokenizer)
+    return load_mlx_twin(save_tiny(model, tokenizer, folder), tokenizer)[0]
+
+
 # ------------------------------------------------------------------------------------------ oracle LM
 
 

@@ -16,7 +16,7 @@ from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.planner import plan_passes
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.check import PROBE, PROBE_TEXT
-from tests.support import ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
+from tests.support import both_backends, tiny_backend
 
 TEXTS = [
     "Short one.",
@@ -35,21 +35,10 @@ WAVES = {
 }
 
 
-_MLX = [pytest.mark.mlx, pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")]
-
-
-@pytest.fixture(
-    scope="module",
-    params=[*(("torch", a) for a in ARCHS), *(pytest.param(("mlx", a), marks=_MLX) for a in ARCHS)],
-    ids=lambda p: f"{p[0]}-{p[1]}",
-)
+@pytest.fixture(scope="module", params=both_backends(), ids=lambda p: f"{p[0]}-{p[1]}")
 def backend(request, smol_tokenizer, tmp_path_factory):
     """Every tiny architecture on PyTorch, and the same models written out and loaded with mlx-lm."""
-    kind, arch = request.param
-    model = tiny_model(arch, len(smol_tokenizer))
-    if kind == "torch":
-        return TorchBackend(model, smol_tokenizer)
-    return load_mlx_twin(save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("m")), smol_tokenizer)[0]
+    return tiny_backend(request.param, smol_tokenizer, tmp_path_factory.mktemp("m"))
 
 
 def rows_twin(backend):

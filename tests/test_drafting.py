@@ -15,11 +15,10 @@ import pytest
 
 from pcd_engine import Engine
 from pcd_engine.backends.base import Backend
-from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.drafting import PromptLookup
 from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
-from tests.support import ARCHS, OracleBackend, OracleLM, load_mlx_twin, mlx_available, save_tiny, tiny_model
+from tests.support import OracleBackend, OracleLM, both_backends, tiny_backend
 
 
 class GrowingOracle(OracleBackend):
@@ -184,20 +183,9 @@ def test_draft_tokens_is_an_option_with_checked_values(smol_tokenizer):
             engine.extract(ORDER, SPANS, draft_tokens=bad)
 
 
-_MLX = [pytest.mark.mlx, pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed")]
-
-
-@pytest.fixture(
-    scope="module",
-    params=[*(("torch", a) for a in ARCHS), *(pytest.param(("mlx", a), marks=_MLX) for a in ARCHS)],
-    ids=lambda p: f"{p[0]}-{p[1]}",
-)
+@pytest.fixture(scope="module", params=both_backends(), ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny(request, smol_tokenizer, tmp_path_factory):
-    kind, arch = request.param
-    model = tiny_model(arch, len(smol_tokenizer))
-    if kind == "torch":
-        return TorchBackend(model, smol_tokenizer)
-    return load_mlx_twin(save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("m")), smol_tokenizer)[0]
+    return tiny_backend(request.param, smol_tokenizer, tmp_path_factory.mktemp("m"))
 
 
 def scripted_drafts(truth, kind, vocab):
