@@ -284,11 +284,13 @@ class Request:
             self.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
             prefix_tokens = sum(len(p) for p in rows.prefixes)
             self.fit_causal(extra=prefix_tokens, keep=0)
-            opened = OpenRows.start(
-                rows, open_fields, engine.grammars, limit,
-                context=[*self.state.ids, *self.pending], draft_tokens=int(self.call.draft_tokens or 0),
-            )  # fmt: skip
-            past, n = self.rows_past(opened), len(open_fields)
+            draft, n = int(self.call.draft_tokens or 0), len(open_fields)
+            context = [*self.state.ids, *self.pending]
+            opened = OpenRows.start(rows, open_fields, engine.grammars, limit, context=context, draft_tokens=draft)
+            widest = n * (1 + draft)
+            if draft and not self.budget.fits(past=self.rows_past(opened), new=widest, rows=widest):
+                opened = OpenRows.start(rows, open_fields, engine.grammars, limit)  # drafts would not fit: none
+            past = self.rows_past(opened)
             if not self.budget.fits(past=past, new=n, rows=n):
                 need = self.backend.pass_bytes(past=past, new=n, rows=n)
                 raise LimitError(

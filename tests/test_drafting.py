@@ -242,3 +242,19 @@ def test_tiny_models_extract_the_same_values_with_drafts(tiny):
         assert b.stats.generation_passes <= a.stats.generation_passes
     together = drafted.extract_many(texts, SPANS, batch_size=2)
     assert [r.values for r in together] == [plain.extract(t, SPANS).values for t in texts]
+
+
+class RowPricedOracle(GrowingOracle):
+    """A pass costs 1000 bytes per row read: three undrafted rows fit 20 KiB, three rows of 1 + 8 do not."""
+
+    def pass_bytes(self, *, past, new, rows):
+        return rows * 1000
+
+
+def test_drafts_that_would_not_fit_the_memory_budget_are_left_out(smol_tokenizer):
+    wants = {"customer": "Margaret Okonkwo-Pell", "order_id": "ZX-88213-QR", "amount": "149.99 EUR"}
+    backend = RowPricedOracle(smol_tokenizer, CopyingLM(smol_tokenizer, wants))
+    out = Engine(backend, memory_budget_mb=20 / 1024).extract(ORDER, SPANS)
+    assert out.stats.draft_tokens == 0
+    assert out.values == Engine(backend, draft_tokens=0).extract(ORDER, SPANS).values
+    assert Engine(backend, memory_budget_mb=1.0).extract(ORDER, SPANS).stats.draft_tokens > 0

@@ -42,6 +42,10 @@ class BenchRow:
         full_answer_ms: AR writing exactly as many tokens as pcd's answer as pretty JSON (EOS ignored), when AR
             was asked for; a weak model's AR run can stop early and invalid, which would flatter it.
         full_answer_tokens: The token count of that answer.
+        no_draft_ms: Median ms of ``extract`` with drafts off (``draft_tokens=0``), when the preset has open
+            fields.
+        tokens_per_step: Generated tokens per generation pass of one default-settings extract (drafts on).
+        accepted_tokens: Draft tokens the model kept in that extract.
     """
 
     preset: str
@@ -54,6 +58,9 @@ class BenchRow:
     baselines: tuple[BaselineRun, ...]
     full_answer_ms: float | None = None
     full_answer_tokens: int | None = None
+    no_draft_ms: float | None = None
+    tokens_per_step: float = 0.0
+    accepted_tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The row as plain JSON-ready data."""
@@ -114,6 +121,9 @@ def _bench_one(
     out = engine.extract(text, schema)
     pcd_ms = median_ms(lambda: engine.extract(text, schema), repeats)
     one_ms = median_ms(lambda: engine.extract(text, flat, anchor=False), repeats)
+    no_draft_ms = None
+    if out.stats.generation_passes:
+        no_draft_ms = median_ms(lambda: engine.extract(text, schema, draft_tokens=0), repeats)
     runs = []
     full_ms = full_tokens = None
     for method in against:
@@ -152,4 +162,7 @@ def _bench_one(
         baselines=tuple(runs),
         full_answer_ms=full_ms,
         full_answer_tokens=full_tokens,
+        no_draft_ms=no_draft_ms,
+        tokens_per_step=out.stats.tokens_per_step,
+        accepted_tokens=out.stats.accepted_tokens,
     )

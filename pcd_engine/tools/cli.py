@@ -173,7 +173,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rows = bench_presets(engine, presets, against=against, repeats=args.repeats, progress=tick)
     print(f"model: {args.model}; {_describe(engine)}; medians of {args.repeats}")
     print(versions() + "\n")
-    head = ["preset", "fields", "pcd ms", "passes", "pcd 1-pass ms"]
+    head = ["preset", "fields", "pcd ms", "passes", "pcd 1-pass ms", "no drafts ms", "tokens/step (accepted)"]
     for method in against:
         head += [f"{method} ms", f"{method} tokens", f"{method} valid", f"{method} agree", f"speed-up vs {method}"]
     if "ar" in against:
@@ -181,6 +181,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows_out = []
     for r in rows:
         line: list[Any] = [r.preset, r.fields, f"{r.pcd_ms:.0f}", r.passes, f"{r.one_pass_ms:.0f}"]
+        drafted = r.no_draft_ms is not None
+        line += [
+            f"{r.no_draft_ms:.0f}" if drafted else "-",
+            f"{r.tokens_per_step:.2f} ({r.accepted_tokens})" if drafted else "-",
+        ]
         for b in r.baselines:
             valid = "yes" if b.valid else f"no ({len(b.errors)} errors)"
             line += [f"{b.ms:.0f}", b.tokens, valid, f"{b.agree}/{r.fields}", f"{b.speedup:.1f}x"]
