@@ -76,22 +76,28 @@ def test_the_packed_generator_equals_the_obvious_one(smol_tokenizer, lm):
     assert got == reference and passes == ref_passes == max(LIMITS)
 
 
-@pytest.mark.parametrize("kind", ["right", "wrong", "half-right", "too-long"])
-def test_drafted_rows_equal_greedy_rows_whatever_the_draft(smol_tokenizer, lm, kind):
-    reference, _ = grow(OracleBackend(smol_tokenizer, lm))
-    truth = [[t for t, _ in row] for row in reference]
+def scripted_drafts(truth, kind, vocab):
+    """Drafts of three tokens per pass: the greedy row's next tokens, all of them wrong, the first right only, or
+    the right ones followed by ten more past the row's limit."""
 
     def draft(row, tokens):
         done = len(tokens) - len(PREFIXES[row])
         right = truth[row][done : done + 3]
         if kind == "right":
             return right
-        if kind == "wrong":
-            return [(t + 1) % lm.vocab_size for t in right]
-        if kind == "half-right":
-            return right[:1] + [(t + 1) % lm.vocab_size for t in right[1:]]
-        return right + [5] * 10  # past the row's limit
+        if kind == "too-long":
+            return right + [5] * 10
+        wrong = [(t + 1) % vocab for t in right]
+        return wrong if kind == "wrong" else right[:1] + wrong[1:]
 
+    return draft
+
+
+@pytest.mark.parametrize("kind", ["right", "wrong", "half-right", "too-long"])
+def test_drafted_rows_equal_greedy_rows_whatever_the_draft(smol_tokenizer, lm, kind):
+    reference, _ = grow(OracleBackend(smol_tokenizer, lm))
+    truth = [[t for t, _ in row] for row in reference]
+    draft = scripted_drafts(truth, kind, lm.vocab_size)
     got, passes = grow(GrowingOracle(smol_tokenizer, lm), draft)
     assert [[t for t, _ in row] for row in got] == truth
     for g, r in zip(got, reference, strict=True):
@@ -186,20 +192,6 @@ def test_draft_tokens_is_an_option_with_checked_values(smol_tokenizer):
 @pytest.fixture(scope="module", params=both_backends(), ids=lambda p: f"{p[0]}-{p[1]}")
 def tiny(request, smol_tokenizer, tmp_path_factory):
     return tiny_backend(request.param, smol_tokenizer, tmp_path_factory.mktemp("m"))
-
-
-def scripted_drafts(truth, kind, vocab):
-    """Drafts of three tokens per pass: the greedy row's next tokens, all of them wrong, or the first right only."""
-
-    def draft(row, tokens):
-        done = len(tokens) - len(PREFIXES[row])
-        right = truth[row][done : done + 3]
-        if kind == "right":
-            return right
-        wrong = [(t + 1) % vocab for t in right]
-        return wrong if kind == "wrong" else right[:1] + wrong[1:]
-
-    return draft
 
 
 @pytest.mark.parametrize("kind", ["right", "wrong", "half-right"])

@@ -225,17 +225,21 @@ class MLXBackend(Backend):
 
     @property
     def default_batch_size(self) -> int:
-        """1 on CPU, where batched passes measured no faster than one document per pass
-        (``benchmarks/bench_batch.py --backend mlx``: 0.91-0.96x); 32 with Metal, where a pass of one document
-        is mostly fixed cost (the PyTorch backend's GPU default; not measured on Apple silicon here)."""
+        """1 on CPU, where batched passes gained nothing reliable over one document per pass
+        (``benchmarks/bench_batch.py --backend mlx``: 0.91-1.09x at 4, 0.93-0.96x at 16-32); 32 with Metal,
+        where a pass of one document is mostly fixed cost (the PyTorch backend's GPU default; not measured on
+        Apple silicon here)."""
         if not self.batches_documents:
             return 1
+        return 32 if self._on_metal() else 1
+
+    def _on_metal(self) -> bool:
+        """Whether passes run on Metal (available, and the backend was not pinned to the CPU)."""
         mx = import_mlx()
         try:
-            metal = bool(mx.metal.is_available()) and self._device != mx.cpu
-        except AttributeError:
-            metal = False
-        return 32 if metal else 1
+            return bool(mx.metal.is_available()) and self._device != mx.cpu
+        except (AttributeError, RuntimeError):
+            return False
 
     def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own caches and masks."""
@@ -287,7 +291,7 @@ class MLXBackend(Backend):
         """1 GiB on CPU; with Metal a quarter of the unified memory, at most 16 GiB."""
         mx = import_mlx()
         try:
-            if mx.metal.is_available() and self._device != mx.cpu:
+            if self._on_metal():
                 total = float(mx.metal.device_info()["memory_size"]) / 2**20
                 return float(min(total / 4, 16384.0))
         except (AttributeError, KeyError, RuntimeError):
@@ -353,11 +357,8 @@ class MLXBackend(Backend):
             mx.eval([a for layer in cache for a in (layer.keys, layer.values)])
             return np.zeros(0)
         index = {row: i for i, row in enumerate(keep)}
-        picked_rows = mx.array([index[r] for r in rows])
-        norm = mx.logsumexp(logits, axis=-1)
-        picked = logits[picked_rows, mx.array(list(batch.query_tokens))] - norm[picked_rows]
-        mx.eval(picked, [a for layer in cache for a in (layer.keys, layer.values)])
-        return np.array(picked, dtype=np.float64)
+        arrays = [a for layer in cache for a in (layer.keys, layer.values)]
+        return _picked_logprobs(logits, [index[r] for r in rows], batch.query_tokens, arrays)
 
     @serialized
     def _grow_pass(
@@ -443,11 +444,7 @@ class MLXBackend(Backend):
         if not picks:
             mx.eval(arrays)
             return np.zeros(0)
-        where = mx.array([row for row, _ in picks])
-        norm = mx.logsumexp(logits, axis=-1)
-        picked = logits[where, mx.array([token for _, token in picks])] - norm[where]
-        mx.eval(picked, arrays)
-        return np.array(picked, dtype=np.float64)
+        return _picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks], arrays)
 
     def _buffered_adopt(self, state: Any, cache: Any, row: int, lo: int, hi: int) -> None:
         """See :meth:`Backend._buffered_adopt`: the state's layers become slices of the stacked arrays."""
@@ -531,3 +528,14 @@ class MLXBackend(Backend):
         out = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         mx.eval(out, [c.state for c in cache])
         return np.array(out, dtype=np.float32)
+
+
+def _picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int], arrays: list[Any]) -> np.ndarray:
+    """``log_softmax(logits)[rows[i], tokens[i]]`` for each ``i``, as ``float64``, evaluated with ``arrays``
+    (the caches the pass grew)."""
+    mx = import_mlx()
+    where = mx.array(list(rows))
+    norm = mx.logsumexp(logits, axis=-1)
+    picked = logits[where, mx.array(list(tokens))] - norm[where]
+    mx.eval(picked, arrays)
+    return np.array(picked, dtype=np.float64)
