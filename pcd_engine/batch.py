@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Batch", "Document", "Member", "fits", "groups", "row_groups", "run_batch"]
 
-# A request in a wave's shared pass: the caller's key, the request, and its one tree batch.
+# A request in a stage's shared pass: the caller's key, the request, and its one tree batch.
 Member = tuple[int, Request, TreeBatch]
 T = TypeVar("T")
 
@@ -106,61 +106,69 @@ class Batch:
                     request.finish_rows(rows, passes)
 
     def wave(self, index: int) -> None:
-        """Wave ``index`` of every request that has one: plan, score (shared passes where possible), finish."""
+        """Wave ``index`` of every request that has one: plan, score its stages (shared passes where possible),
+        finish."""
         plans: dict[int, WavePlan] = {}
         for key, request in list(self.requests.items()):
             if index < len(request.waves):
                 with self.step(key, request), counted(request):
                     plans[key] = request.plan_wave(index)
-        shared = {k: p for k, p in plans.items() if p.compiled is not None and len(p.passes) == 1}
-        backend_batches = any(r.backend.batches_documents for r in self.requests.values())
-        if not backend_batches:
-            shared = {}
-        scored: dict[int, np.ndarray] = {}
-        for key, plan in plans.items():
-            if plan.compiled is not None and key not in shared:
-                request = self.requests[key]
-                with self.step(key, request), counted(request), request.timed("forward"):
-                    scored[key] = request.score(plan.passes, len(plan.compiled.tree), index)
-        members = [(k, self.requests[k], p.passes[0]) for k, p in shared.items() if k in self.requests]
-        for group in groups(members, limit=self.max_documents):
-            scored.update(self.shared_pass(group, shared, index))
+        logprobs = {k: p.fresh_logprobs() for k, p in plans.items() if p.compiled is not None}
+        stage = {k: plans[k].passes for k in logprobs}
+        while stage:
+            self.stage(stage, logprobs, index)
+            stage = {}
+            for key in logprobs:
+                if key in self.requests:
+                    with self.step(key, self.requests[key]):
+                        passes = self.requests[key].next_stage(plans[key], logprobs[key])
+                        if passes:
+                            stage[key] = passes
         for key, plan in plans.items():
             if key in self.requests:
                 with self.step(key, self.requests[key]):
-                    self.requests[key].finish_wave(plan, scored.get(key))
+                    self.requests[key].finish_wave(plan, logprobs.get(key))
 
-    def shared_pass(self, group: list[Member], plans: dict[int, WavePlan], index: int) -> dict[int, np.ndarray]:
-        """One forward pass for ``group`` (each request's single tree pass); the log-prob of every tree node of
-        each request that was still live."""
+    def stage(self, stage: dict[int, list[TreeBatch]], logprobs: dict[int, np.ndarray], index: int) -> None:
+        """Run one stage of passes, ``stage[key]`` for each request, into ``logprobs[key]``: requests with one
+        pass share forward passes where the backend batches documents; the others score alone."""
+        backend_batches = any(r.backend.batches_documents for r in self.requests.values())
+        shared = {k: p for k, p in stage.items() if len(p) == 1} if backend_batches else {}
+        for key, passes in stage.items():
+            request = self.requests.get(key)
+            if request is not None and key not in shared:
+                with self.step(key, request), counted(request), request.timed("forward"):
+                    request.score(passes, logprobs[key], index)
+        members = [(k, self.requests[k], p[0]) for k, p in shared.items() if k in self.requests]
+        for group in groups(members, limit=self.max_documents):
+            self.shared_pass(group, logprobs, index)
+
+    def shared_pass(self, group: list[Member], logprobs: dict[int, np.ndarray], index: int) -> None:
+        """One forward pass for ``group`` (each request's single pass of this stage), read into each live
+        request's ``logprobs``."""
         live = []
-        for key, request, _ in group:
+        for key, request, batch in group:
             with self.step(key, request):
                 request.watch.check(f"a scoring pass of wave {index}")
-                live.append((key, request))
+                live.append((key, request, batch))
         if not live:
-            return {}
+            return
         if len(live) == 1:
-            key, request = live[0]
-            plan = plans[key]
-            assert plan.compiled is not None
+            key, request, batch = live[0]
             with self.step(key, request), counted(request), request.timed("forward"):
-                return {key: request.score(plan.passes, len(plan.compiled.tree), index)}
+                request.score([batch], logprobs[key], index)
+            return
         backend = live[0][1].backend
         tick = time.perf_counter()
-        batches = [plans[k].passes[0] for k, _ in live]
-        outs = backend.score_trees([r.state for _, r in live], causals=[r.pending for _, r in live], batches=batches)
+        batches = [b for _, _, b in live]
+        outs = backend.score_trees(
+            [r.state for _, r, _ in live], causals=[r.pending for _, r, _ in live], batches=batches
+        )
         elapsed = (time.perf_counter() - tick) * 1000
-        result: dict[int, np.ndarray] = {}
-        for (key, request), batch, out in zip(live, batches, outs, strict=True):
-            compiled = plans[key].compiled
-            assert compiled is not None
-            logprobs = np.zeros(len(compiled.tree))
-            request.absorb(batch, out, logprobs, documents=len(live))
+        for (key, request, batch), out in zip(live, outs, strict=True):
+            request.absorb(batch, out, logprobs[key], documents=len(live))
             request.passes += 1
             request.phases["forward"] += elapsed
-            result[key] = logprobs
-        return result
 
     @contextmanager
     def step(self, key: int, request: Request) -> Iterator[None]:
@@ -183,7 +191,7 @@ def counted(request: Request) -> Iterator[None]:
 
 
 def groups(items: Sequence[Member], *, limit: int) -> list[list[Member]]:
-    """Requests whose single tree pass can share one forward pass: sorted by the tokens they feed, cut where a
+    """Requests whose single pass of a stage can share one forward pass: sorted by the tokens they feed, cut where a
     group would hold more than ``limit`` documents, exceed the smallest memory budget among them, or spend more
     on padding than on real tokens.
 

@@ -29,7 +29,7 @@ from pcd_engine.compiler import FieldTrie, LabelPath
 from pcd_engine.errors import OptionError
 from pcd_engine.options import STRATEGIES
 
-__all__ = ["Decision", "Exact", "Fixed", "Marginal", "Strategy", "TrieWalk", "choose_strategy"]
+__all__ = ["Decision", "Exact", "Fixed", "Marginal", "Strategy", "TrieWalk", "choose_strategy", "sequence_scores"]
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,16 @@ class Decision:
         candidate_mass: Unnormalized probability that the model's own continuation reaches an allowed label,
             or ``None`` for a fixed field.
         method: Name of the strategy that decided.
+        bounded: How many labels were scored by an upper bound instead of their full tokens: a staged reading
+            (:mod:`pcd_engine.staging`) proved they lose without reading their tails, so their probabilities
+            (and ``candidate_mass``) are upper bounds. 0 when every label was read.
     """
 
     label: int
     probabilities: tuple[float, ...]
     candidate_mass: float | None
     method: str
+    bounded: int = 0
 
 
 def _logsumexp(values: Sequence[float]) -> float:
@@ -81,6 +85,12 @@ def _exact_scores(trie: FieldTrie, logprobs: np.ndarray, paths: Sequence[LabelPa
     for label, values in per_label.items():
         scores[label] = _logsumexp(values)
     return scores
+
+
+def sequence_scores(trie: FieldTrie, logprobs: np.ndarray) -> np.ndarray:
+    """Each label's log-probability from the decision point over its full tokens, summed over its surface forms
+    (``-inf`` for a label with no path)."""
+    return _exact_scores(trie, logprobs, trie.paths, trie.decision_depth)
 
 
 class Strategy(ABC):
@@ -132,7 +142,7 @@ class Exact(Strategy):
     name = "exact"
 
     def decide(self, trie: FieldTrie, logprobs: np.ndarray, *, temperature: float = 1.0) -> Decision:
-        return _from_scores(_exact_scores(trie, logprobs, trie.paths, trie.decision_depth), temperature, self.name)
+        return _from_scores(sequence_scores(trie, logprobs), temperature, self.name)
 
 
 @dataclass(frozen=True)
@@ -158,7 +168,7 @@ class TrieWalk(Strategy):
         winner = self._walk(trie, logprobs, list(trie.paths), trie.decision_depth, 1.0, temperature, probs, True)
         if winner is None:  # unreachable: the greedy branch always ends in an exact block
             winner = int(np.argmax(probs))
-        exact = _exact_scores(trie, logprobs, trie.paths, trie.decision_depth)
+        exact = sequence_scores(trie, logprobs)
         mass = float(np.exp(exact[np.isfinite(exact)]).sum())
         return Decision(winner, tuple(float(p) for p in probs), mass, self.name)
 
@@ -173,18 +183,12 @@ class TrieWalk(Strategy):
         probs: np.ndarray,
         greedy: bool,
     ) -> int | None:
-        labels = {p.label for p in paths}
-        if len(labels) <= self.switch_at:
+        if len({p.label for p in paths}) <= self.switch_at:
             scores = _exact_scores(trie, logprobs, paths, depth)
             within = _softmax(scores, temperature)
             probs += weight * within
             return int(np.argmax(scores)) if greedy else None
-        groups: dict[int, list[LabelPath]] = {}
-        while len(groups) < 2:  # a chain every path shares has probability 1 here: step over it, no recursion
-            groups = {}
-            for path in paths:
-                groups.setdefault(path.nodes[depth], []).append(path)
-            depth += len(groups) < 2
+        groups, depth = _split(paths, depth)
         children = list(groups)
         split = _softmax(np.array([logprobs[c] for c in children], dtype=float), temperature)
         best = children[int(np.argmax([logprobs[c] for c in children]))]
@@ -196,6 +200,28 @@ class TrieWalk(Strategy):
             if found is not None:
                 winner = found
         return winner
+
+    def block(self, trie: FieldTrie, logprobs: np.ndarray) -> tuple[list[LabelPath], int]:
+        """Where the greedy walk ends: the paths of the at most ``switch_at`` labels it scores exactly, and the
+        depth it scores them from. The descent reads only the children of nodes with more labels than that."""
+        paths, depth = list(trie.paths), trie.decision_depth
+        while len({p.label for p in paths}) > self.switch_at:
+            groups, depth = _split(paths, depth)
+            best = max(groups, key=lambda child: logprobs[child])
+            paths, depth = groups[best], depth + 1
+        return paths, depth
+
+
+def _split(paths: Sequence[LabelPath], depth: int) -> tuple[dict[int, list[LabelPath]], int]:
+    """``paths`` grouped by their node at the first depth from ``depth`` where they part, and that depth (a chain
+    every path shares has probability 1 from here: it is stepped over)."""
+    groups: dict[int, list[LabelPath]] = {}
+    while len(groups) < 2:
+        groups = {}
+        for path in paths:
+            groups.setdefault(path.nodes[depth], []).append(path)
+        depth += len(groups) < 2
+    return groups, depth
 
 
 class Fixed(Strategy):

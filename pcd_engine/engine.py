@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pcd_engine.backends import select_backend
-from pcd_engine.backends.base import Backend, Prefix
+from pcd_engine.backends.base import Backend, Prefix, RequestState
 from pcd_engine.batch import Document, run_batch
 from pcd_engine.budget import PassBudget
 from pcd_engine.cache import CompileCache, Head
@@ -43,6 +43,7 @@ from pcd_engine.prompt import ChatPrompt, TokenizerView
 from pcd_engine.request import Request, prefill
 from pcd_engine.result import ExtractionResult
 from pcd_engine.schema import Schema, compile_schema
+from pcd_engine.staging import PassCost, measure_pass_cost
 
 __all__ = ["Engine", "EngineOptions"]
 
@@ -74,6 +75,8 @@ class Engine:
         self.grammars = Grammars(backend.tokenizer)
         self._collector: Collector | None = None
         self._collector_lock = threading.Lock()
+        given = self.options.pass_cost
+        self._pass_cost: PassCost | None = None if given is None else PassCost(float(given[0]), float(given[1]))
 
     @classmethod
     def load(
@@ -239,6 +242,14 @@ class Engine:
             if self._collector is None:
                 self._collector = Collector(self)
             return self._collector
+
+    def pass_cost(self, state: RequestState, *, token: int) -> PassCost:
+        """What one forward pass costs on this backend, for the staging cost model (:mod:`pcd_engine.staging`):
+        :attr:`EngineOptions.pass_cost` when given, else measured once on ``state`` (a few timed passes of
+        ``token`` nodes that add nothing to it) and kept."""
+        if self._pass_cost is None:
+            self._pass_cost = measure_pass_cost(self.backend, state, token=token)
+        return self._pass_cost
 
     def batch_size(self, given: int | None = None) -> int:
         """The most documents one pass holds: ``given``, else :attr:`EngineOptions.batch_size`, else the backend's

@@ -20,9 +20,19 @@ from typing import Any
 from pcd_engine.errors import OptionError
 from pcd_engine.limits import RequestLimits
 
-__all__ = ["STRATEGIES", "STRATEGY_ALIASES", "EngineOptions", "ExtractOptions", "PromptFormat", "check_batch_size"]
+__all__ = [
+    "STAGINGS",
+    "STRATEGIES",
+    "STRATEGY_ALIASES",
+    "EngineOptions",
+    "ExtractOptions",
+    "PromptFormat",
+    "check_batch_size",
+]
 
 STRATEGIES = ("marginal", "exact", "trie_walk")
+# How a wave's tree is read (see pcd_engine.staging): the cost model's choice, always whole, or always staged.
+STAGINGS = ("auto", "one_pass", "staged")
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
 # labels, the trie walk above); "first_token" was the marginal of the first token where labels differ; "trie" and
 # "greedy" walked the trie greedily. "hybrid" has no counterpart and is refused with the nearest real name.
@@ -70,6 +80,10 @@ class ExtractOptions:
         strategy: ``"marginal"``, ``"exact"`` or ``"trie_walk"`` for every field with several labels, or ``None``
             / ``"auto"`` for the engine's choice; the aliases of :data:`STRATEGY_ALIASES` are accepted.
         temperature: Reshapes the reported probabilities (> 0); never changes the decisions.
+        staging: How the ``exact`` and ``trie_walk`` fields of a wave are read: ``"auto"`` lets the cost model
+            choose, ``"one_pass"`` reads every label's tokens in one pass, ``"staged"`` reads the labels'
+            identifying tokens first and then only the tails of the labels that can still win (see
+            :mod:`pcd_engine.staging`; the decisions are the same either way).
         anchor: Decide the first closed field alone and write it into the prompt before the others.
         max_tokens: The most tokens generated for one open field's value (a field's own ``x-max-tokens`` wins).
         draft_tokens: The most tokens an open row proposes from the document per pass, checked in the row's own
@@ -87,6 +101,7 @@ class ExtractOptions:
 
     strategy: str | None = None
     temperature: float | None = None
+    staging: str | None = None
     anchor: bool | None = None
     max_tokens: int | None = None
     draft_tokens: int | None = None
@@ -105,6 +120,8 @@ class ExtractOptions:
             raise OptionError(f"temperature: expected a number > 0, but got {t!r}.")
         if t is not None and not math.isfinite(t):
             raise OptionError(f"temperature: expected a finite number, but got {t!r}.")
+        if self.staging is not None and self.staging not in STAGINGS:
+            raise OptionError(f"staging: expected one of {list(STAGINGS)}, but got {self.staging!r}.")
         for name in ("anchor", "list_choices", "quoted_booleans"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -203,6 +220,9 @@ class EngineOptions:
         strategy: The default strategy (see :class:`ExtractOptions`); ``None`` lets the
             engine choose per field.
         temperature: The default temperature of the reported probabilities.
+        staging: The default staging (see :class:`ExtractOptions`).
+        pass_cost: ``(fixed_ms, node_ms)``: what one forward pass costs on this device, for the staging cost
+            model; ``None`` measures it with a few timed passes the first time a wave could be staged.
         prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
             template arguments).
         batch_size: The most documents :meth:`~pcd_engine.engine.Engine.extract_many` decides in one pass;
@@ -223,6 +243,8 @@ class EngineOptions:
     special_tokens: bool = False
     strategy: str | None = None
     temperature: float = 1.0
+    staging: str = "auto"
+    pass_cost: tuple[float, float] | None = None
     prompt: PromptFormat = field(default_factory=PromptFormat)
     batch_size: int | None = None
 
@@ -240,6 +262,14 @@ class EngineOptions:
             raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
         if not isinstance(self.prompt, PromptFormat):
             raise OptionError(f"prompt: expected a PromptFormat, but got {type(self.prompt).__name__}.")
+        cost = self.pass_cost
+        if cost is not None and (
+            not isinstance(cost, tuple)
+            or len(cost) != 2
+            or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in cost)
+            or min(cost) < 0
+        ):
+            raise OptionError(f"pass_cost: expected (fixed_ms, node_ms), two numbers >= 0, but got {cost!r}.")
         self.defaults()  # the defaults must themselves be valid options
 
     def defaults(self) -> ExtractOptions:
@@ -247,6 +277,7 @@ class EngineOptions:
         return ExtractOptions(
             strategy=self.strategy,
             temperature=self.temperature,
+            staging=self.staging,
             anchor=self.anchor,
             max_tokens=self.max_tokens,
             draft_tokens=self.draft_tokens,

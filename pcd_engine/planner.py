@@ -8,6 +8,8 @@ several passes only when one would exceed the memory budget.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from pcd_engine.schema import FieldSpec, Schema
 from pcd_engine.tree import TokenTree, TreeBatch
 
@@ -50,33 +52,55 @@ def plan_waves(schema: Schema, *, anchor: bool) -> list[list[FieldSpec]]:
     return [w for w in waves if w]
 
 
-def plan_passes(tree: TokenTree, *, max_nodes: int) -> list[TreeBatch]:
+def plan_passes(
+    tree: TokenTree, *, max_nodes: int, queries: Collection[int] | None = None, causal: bool = True
+) -> list[TreeBatch]:
     """Split ``tree`` into forward passes of at most ``max_nodes`` fed nodes each.
 
-    Leaves are taken in depth-first order and each pass holds whole root-to-leaf chains, so a split duplicates
-    only the few ancestors two passes share. Every node's log-probability is queried exactly once; the root's
-    children are queried in the first pass, which carries the causal tokens.
+    Each pass holds whole root-to-parent chains of the nodes it reads, taken in depth-first order, so a split
+    duplicates only the few ancestors two passes share. Every queried node's log-probability is read exactly
+    once; the root's children are read in the first pass, which carries the causal tokens.
 
     Args:
         tree: The compiled tree.
         max_nodes: The largest number of fed nodes per pass (at least the tree's depth).
+        queries: The nodes whose log-probabilities to read; ``None`` reads every node. Only their ancestors are
+            fed, so a staged walk (:mod:`pcd_engine.staging`) reads part of a tree without feeding the rest.
+        causal: Whether the first pass carries causal tokens. Without them the root's distribution is not
+            available, so no child of the root may be queried.
 
     Returns:
-        The passes, in order.
+        The passes, in order (none when nothing is queried).
+
+    Raises:
+        ValueError: If ``causal`` is False and a child of the root is queried.
     """
+    wanted = set(range(len(tree.tokens))) if queries is None else set(queries)
+    if not causal and any(tree.parents[q] < 0 for q in wanted):
+        raise ValueError("plan_passes: a child of the root can only be read in a pass with causal tokens.")
+    fed_set: set[int] = set()
+    for node in wanted:
+        parent = tree.parents[node]
+        while parent >= 0 and parent not in fed_set:
+            fed_set.add(parent)
+            parent = tree.parents[parent]
     children: dict[int, list[int]] = {}
     for node, parent in enumerate(tree.parents):
-        children.setdefault(parent, []).append(node)
+        if node in fed_set or node in wanted:
+            children.setdefault(parent, []).append(node)
     chains: list[list[int]] = []
     # Depth first without recursion: a label of a thousand tokens is a chain a thousand nodes deep.
     stack: list[tuple[int, list[int]]] = [(kid, []) for kid in reversed(children.get(-1, []))]
     while stack:
         node, chain = stack.pop()
-        kids = children.get(node, [])
+        kids = [k for k in children.get(node, []) if k in fed_set or k in wanted] if node in fed_set else []
         if not kids:
-            chains.append(chain)
+            if chain:
+                chains.append(chain)
             continue
         stack.extend((kid, [*chain, node]) for kid in reversed(kids))
+    if not chains:
+        chains = [[]] if any(tree.parents[q] < 0 for q in wanted) else []
     limit = max(max_nodes, max((len(c) for c in chains), default=1))
     groups: list[list[int]] = []
     current: dict[int, None] = {}
@@ -87,7 +111,8 @@ def plan_passes(tree: TokenTree, *, max_nodes: int) -> list[TreeBatch]:
             groups.append(list(current))
             merged = dict.fromkeys(chain)
         current = merged
-    groups.append(list(current))
+    if chains:
+        groups.append(list(current))
 
     batches = []
     done: set[int] = set()
@@ -98,7 +123,7 @@ def plan_passes(tree: TokenTree, *, max_nodes: int) -> list[TreeBatch]:
         sources = ([-1] if index == 0 else []) + fed
         for source in sources:
             for kid in children.get(source, []):
-                if kid not in done:
+                if kid in wanted and kid not in done:
                     done.add(kid)
                     query_rows.append(row.get(source, -1))
                     query_tokens.append(tree.tokens[kid])

@@ -22,13 +22,13 @@ from pcd_engine.backends.base import Backend, Prefix, RequestState
 from pcd_engine.budget import PassBudget
 from pcd_engine.cache import Head
 from pcd_engine.checks import check_budget, check_sizes, check_window
-from pcd_engine.compiler import CompiledWave, FieldTrie, questions, written_value
-from pcd_engine.decoding import Decision, Fixed, choose_strategy
+from pcd_engine.compiler import CompiledWave, questions, written_value
+from pcd_engine.decoding import Decision, Fixed, Strategy, choose_strategy
 from pcd_engine.errors import LimitError, PromptAlignmentError
 from pcd_engine.generation import OpenRows
 from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.options import ExtractOptions
-from pcd_engine.planner import plan_waves
+from pcd_engine.planner import plan_passes, plan_waves
 from pcd_engine.prompt import field_line
 from pcd_engine.result import (
     ExtractionResult,
@@ -39,6 +39,7 @@ from pcd_engine.result import (
     scored_result,
 )
 from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.staging import PassCost, WaveSearch, plan_reading
 from pcd_engine.tree import TreeBatch
 
 if TYPE_CHECKING:
@@ -59,13 +60,23 @@ class WavePlan:
         asked: The wave's questions (one per field, one per label of a multi-label field) with more than one
             label, each with its field.
         compiled: The compiled wave (tree and tail), or ``None`` when nothing is asked.
-        passes: The tree's passes within the budget (the first one also feeds the pending tokens).
+        passes: The first stage's passes within the budget (the first one also feeds the pending tokens).
+        search: Which nodes each stage reads, and the decisions (see :mod:`pcd_engine.staging`); ``None`` when
+            nothing is asked.
+        nodes_before: The request's fed nodes before this wave.
     """
 
     index: int
     asked: list[tuple[FieldSpec, FieldSpec]]
     compiled: CompiledWave | None
     passes: list[TreeBatch]
+    search: WaveSearch | None = None
+    nodes_before: int = 0
+
+    def fresh_logprobs(self) -> np.ndarray:
+        """The wave's log-probabilities before any pass: every node unread (``NaN``)."""
+        assert self.compiled is not None
+        return np.full(len(self.compiled.tree), np.nan)
 
 
 @dataclass
@@ -87,6 +98,8 @@ class Request:
         committed: Tail tokens already fed or pending; a later tail must extend them.
         written: Names of the fields whose answers are written into the tail.
         nodes_scored: Tree nodes fed to the model so far.
+        nodes_saved: Tree nodes a one-pass reading of every wave would have fed beyond :attr:`nodes_scored`.
+        stage_passes: Scoring passes spent on later stages of staged waves.
         prefill_passes: Passes spent prefilling the schema head (0 when it was cached).
         generation_passes: Passes spent generating the open rows.
         generated_tokens: Tokens generated for the open rows.
@@ -113,6 +126,8 @@ class Request:
     committed: tuple[int, ...] = ()
     written: set[str] = field(default_factory=set)
     nodes_scored: int = 0
+    nodes_saved: int = 0
+    stage_passes: int = 0
     prefill_passes: int = 0
     generation_passes: int = 0
     generated_tokens: int = 0
@@ -196,36 +211,57 @@ class Request:
         return request
 
     def decide_wave(self, index: int) -> None:
-        """Score wave ``index``'s tree (one pass unless the budget splits it), record each field's result, and
-        write the answers later waves read into the tail."""
+        """Score wave ``index``'s tree (one pass unless the budget splits it or the wave is staged), record each
+        field's result, and write the answers later waves read into the tail."""
         plan = self.plan_wave(index)
         logprobs = None
         if plan.compiled is not None:
+            logprobs = plan.fresh_logprobs()
             with self.timed("forward"):
-                logprobs = self.score(plan.passes, len(plan.compiled.tree), index)
+                self.score(plan.passes, logprobs, index)
+                while passes := self.next_stage(plan, logprobs):
+                    self.score(passes, logprobs, index)
         self.finish_wave(plan, logprobs)
 
     def plan_wave(self, index: int) -> WavePlan:
-        """Compile wave ``index`` for this request's tail, queue its tail tokens, and plan its passes within the
-        budget (the first step of :meth:`decide_wave`; a batch runs the passes of many requests together)."""
+        """Compile wave ``index`` for this request's tail, queue its tail tokens, choose how its tree is read, and
+        plan the first stage's passes within the budget (the first step of :meth:`decide_wave`; a batch runs the
+        passes of many requests together)."""
         asked = [(spec, q) for spec in self.waves[index] for q in questions(spec) if len(q.labels) > 1]
         if not asked:
             return WavePlan(index, asked, None, [])
         with self.timed("compile"):
             cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
+            strategies = [self.strategy(q) for _, q in asked]
+            readings = plan_reading(cw, strategies, staging=str(self.call.staging or "auto"), cost=self.pass_cost(cw))
+            search = WaveSearch(readings)
             self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
-            passes = self.tree_passes(cw)
-        return WavePlan(index, asked, cw, passes)
+            passes = self.tree_passes(cw, search.first(), key=search.key)
+        return WavePlan(index, asked, cw, passes, search, self.nodes_scored)
+
+    def next_stage(self, plan: WavePlan, logprobs: np.ndarray) -> list[TreeBatch]:
+        """The passes of the wave's next stage, given what its stages so far read (none when it is decided)."""
+        if plan.search is None or not plan.search.staged or plan.compiled is None:
+            return []
+        more = plan.search.next(logprobs)
+        if not more:
+            return []
+        max_nodes = self.budget.max_nodes(self.state.length, 0)
+        passes = plan_passes(plan.compiled.tree, max_nodes=max_nodes, queries=more, causal=False)
+        self.stage_passes += len(passes)
+        return passes
 
     def finish_wave(self, plan: WavePlan, logprobs: np.ndarray | None) -> None:
-        """Decide a planned wave from its tree's log-probabilities (``None`` when nothing was asked), record each
-        field's result, and write the answers later waves read into the tail."""
+        """Decide a planned wave from its tree's log-probabilities (``None`` when nothing was asked; ``NaN`` for
+        nodes no stage read), record each field's result, and write the answers later waves read into the tail."""
         index, wave = plan.index, self.waves[plan.index]
         decided: dict[str, list[Decision]] = {}
-        if plan.compiled is not None and logprobs is not None:
+        if plan.compiled is not None and plan.search is not None and logprobs is not None:
+            self.nodes_saved += len(plan.compiled.tree.packed) - (self.nodes_scored - plan.nodes_before)
             with self.timed("decode"):
-                for (spec, _q), trie in zip(plan.asked, plan.compiled.fields, strict=True):
-                    decided.setdefault(spec.name, []).append(self.decide(trie, logprobs))
+                decisions = plan.search.decide(logprobs, temperature=float(self.call.temperature or 1.0))
+                for (spec, _q), decision in zip(plan.asked, decisions, strict=True):
+                    decided.setdefault(spec.name, []).append(decision)
         options = self.engine.options
         for spec in wave:
             if spec.kind == "multi":
@@ -336,6 +372,8 @@ class Request:
             cached_tokens=len(self.head.prompt.head_ids),
             forward_passes=self.passes if passes_before is None else self.backend.thread_passes - passes_before,
             nodes_scored=self.nodes_scored,
+            nodes_saved=self.nodes_saved,
+            stage_passes=self.stage_passes,
             waves=len(self.waves),
             generation_passes=self.generation_passes,
             generated_tokens=self.generated_tokens,
@@ -369,22 +407,22 @@ class Request:
         self.tail_text += field_line(spec.name, value)
         self.written.add(spec.name)
 
-    def decide(self, trie: FieldTrie, logprobs: np.ndarray) -> Decision:
-        """One question's decision under this call's strategy and temperature."""
-        n = len(trie.spec.labels)
-        strategy = choose_strategy(
-            n, name=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels
-        )
-        return strategy.decide(trie, logprobs, temperature=float(self.call.temperature or 1.0))
+    def strategy(self, question: FieldSpec) -> Strategy:
+        """One question's strategy under this call's options."""
+        n = len(question.labels)
+        return choose_strategy(n, name=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels)
 
-    def score(self, passes: Sequence[TreeBatch], nodes: int, index: int) -> np.ndarray:
-        """Feed the pending tokens and the tree's passes; the log-prob of every tree node."""
-        logprobs = np.zeros(nodes)
+    def pass_cost(self, wave: CompiledWave) -> Callable[[], PassCost]:
+        """The engine's pass cost, measured on this request's state (before its pending tokens) on first use."""
+        token = wave.tree.tokens[0]
+        return lambda: self.engine.pass_cost(self.state, token=token)
+
+    def score(self, passes: Sequence[TreeBatch], logprobs: np.ndarray, index: int) -> None:
+        """Feed the pending tokens and the passes; the log-prob of every node they read into ``logprobs``."""
         for batch in passes:
             self.watch.check(f"a scoring pass of wave {index}")
             scored = self.backend.score_tree(self.state, causal=self.pending, batch=batch)
             self.absorb(batch, scored, logprobs, documents=1)
-        return logprobs
 
     def absorb(self, batch: TreeBatch, scored: np.ndarray, logprobs: np.ndarray, *, documents: int) -> None:
         """Record one scoring pass of this request (its pending tokens are now fed): the queried nodes'
@@ -443,16 +481,17 @@ class Request:
             self.backend.score_tree(self.state, causal=self.pending[:chunk], batch=_EMPTY)
             self.pending = self.pending[chunk:]
 
-    def tree_passes(self, wave: CompiledWave) -> list[TreeBatch]:
-        """The wave's passes within the budget. The document block rides in the first pass unless feeding it
-        ahead (in causal chunks) saves passes, or is the only way one root-to-leaf chain fits beside it."""
+    def tree_passes(self, wave: CompiledWave, queries: set[int], *, key: tuple[str, ...]) -> list[TreeBatch]:
+        """The passes that read ``queries`` (a reading of the wave named ``key``) within the budget. The document
+        block rides in the first pass unless feeding it ahead (in causal chunks) saves passes, or is the only way
+        one root-to-leaf chain fits beside it."""
         cache, packed = self.engine.cache, wave.tree.packed
         longest = 1 + max((wave.tree.depths[n] for n in packed), default=0)
         self.fit_causal(extra=longest, keep=1)
         past, pending = self.state.length, len(self.pending)
-        passes = cache.passes(wave, self.budget.max_nodes(past, pending))
+        passes = cache.passes(wave, self.budget.max_nodes(past, pending), queries, key=key)
         if len(passes) > 1 and pending > 1:
-            ahead = cache.passes(wave, self.budget.max_nodes(past + pending - 1, 1))
+            ahead = cache.passes(wave, self.budget.max_nodes(past + pending - 1, 1), queries, key=key)
             chunks = -(-(pending - 1) // max(1, self.budget.fit(past)))
             if chunks + len(ahead) < len(passes):
                 self.feed_ahead(keep=1)

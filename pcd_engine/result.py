@@ -68,6 +68,9 @@ class FieldResult:
         tokens: For a generated field, the tokens generated; else 0.
         truncated: True when a generated value hit its token limit and was cut (strings are closed where cut;
             a value that cannot be completed validly is ``None``).
+        bounded_labels: For a field read in stages (:mod:`pcd_engine.staging`), how many labels were proven to
+            lose without reading their last tokens: their probabilities (and so ``candidate_mass`` and the
+            renormalized ``probability``) use an upper bound of their score. 0 when every label was read in full.
     """
 
     name: str
@@ -82,6 +85,7 @@ class FieldResult:
     mean_logprob: float | None = None
     tokens: int = 0
     truncated: bool = False
+    bounded_labels: int = 0
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,10 @@ class ExtractionStats:
         cached_tokens: Of those, tokens served from the head's KV cache.
         forward_passes: Forward passes the backend ran for this request, the head prefill included.
         nodes_scored: Tree nodes fed to the model, over all passes.
+        nodes_saved: Tree nodes a one-pass reading of every wave's whole tree would have fed beyond
+            ``nodes_scored``: the tails below the identifying tokens of marginal fields, and the tails of labels a
+            staged wave proved cannot win (see :mod:`pcd_engine.staging`).
+        stage_passes: Scoring passes spent on the later stages of staged waves (included in ``forward_passes``).
         waves: Number of waves of scored fields.
         generation_passes: Forward passes spent generating open fields (all rows advance together, so this is
             the longest row's length, not the sum).
@@ -114,6 +122,8 @@ class ExtractionStats:
     forward_passes: int
     nodes_scored: int
     waves: int
+    nodes_saved: int = 0
+    stage_passes: int = 0
     generation_passes: int = 0
     generated_tokens: int = 0
     prefill_passes: int = 0
@@ -315,4 +325,5 @@ def scored_result(
         method=decision.method,
         alternatives=alternatives,
         wave=wave,
+        bounded_labels=decision.bounded,
     )

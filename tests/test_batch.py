@@ -76,7 +76,10 @@ def test_batched_equals_one_at_a_time(backend, schema, anchor):
     waves = alone[0].stats.waves
     scoring = [len(b.stats.documents_per_pass) for b in batched]
     assert scoring == [waves] * len(TEXTS)  # one scoring pass per wave per document...
-    assert all(n > 1 for b in batched for n in b.stats.documents_per_pass)  # ...each shared with others
+    shares = [n for b in batched for n in b.stats.documents_per_pass]
+    # ...each shared with others, but for at most one document a wave: a small (head-only) tree leaves the tripled
+    # text alone when padding the others to it would cost more than their real tokens.
+    assert sum(n == 1 for n in shares) <= waves
     generation = max(b.stats.generation_passes for b in batched)  # every document's rows grew together
     assert generation == max(a.stats.generation_passes for a in alone)
     assert backend.forward_passes - before < sum(a.stats.forward_passes for a in alone)

@@ -218,6 +218,7 @@ MODULE_ALL = {
     "pcd_engine.limits": ["SERVER_LIMITS", "RequestLimits", "Watch"],
     "pcd_engine.request": ["PHASES", "Request", "WavePlan", "prefill"],
     "pcd_engine.options": [
+        "STAGINGS",
         "STRATEGIES",
         "STRATEGY_ALIASES",
         "EngineOptions",
@@ -281,6 +282,24 @@ MODULE_ALL = {
     "pcd_engine.checks": ["check_budget", "check_sizes", "check_text", "check_window"],
     "pcd_engine.collector": ["Collector"],
     "pcd_engine.drafting": ["PromptLookup"],
+    "pcd_engine.decoding": [
+        "Decision",
+        "Exact",
+        "Fixed",
+        "Marginal",
+        "Strategy",
+        "TrieWalk",
+        "choose_strategy",
+        "sequence_scores",
+    ],
+    "pcd_engine.staging": [
+        "FIRST_MARGIN",
+        "PassCost",
+        "QuestionReading",
+        "WaveSearch",
+        "measure_pass_cost",
+        "plan_reading",
+    ],
     "pcd_engine.generation": [
         "Generated",
         "Grammars",

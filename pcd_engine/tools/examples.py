@@ -1,4 +1,5 @@
-"""The example presets shipped with pcd: three 28-field schemas, a 255-label catalogue, a mixed ticket schema and an
+"""The example presets shipped with pcd: three 28-field schemas, a 255-label catalogue, a customs schema whose 255
+tariff categories are long multi-token labels (``CAT_002_Fish_&_Crustaceans``), a mixed ticket schema and an
 extraction schema whose text fields are spans of the document."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ EXAMPLE_PRESETS: tuple[str, ...] = (
     "fintech_fraud",
     "code_security",
     "catalogue_255",
+    "customs_255",
     "support_mixed",
     "order_extraction",
 )
