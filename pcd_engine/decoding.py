@@ -29,7 +29,17 @@ from pcd_engine.compiler import FieldTrie, LabelPath
 from pcd_engine.errors import OptionError
 from pcd_engine.options import STRATEGIES
 
-__all__ = ["Decision", "Exact", "Fixed", "Marginal", "Strategy", "TrieWalk", "choose_strategy", "sequence_scores"]
+__all__ = [
+    "Decision",
+    "Exact",
+    "Fixed",
+    "Marginal",
+    "Strategy",
+    "TrieWalk",
+    "choose_strategy",
+    "sequence_scores",
+    "split_paths",
+]
 
 
 @dataclass(frozen=True)
@@ -188,7 +198,7 @@ class TrieWalk(Strategy):
             within = _softmax(scores, temperature)
             probs += weight * within
             return int(np.argmax(scores)) if greedy else None
-        groups, depth = _split(paths, depth)
+        groups, depth = split_paths(paths, depth)
         children = list(groups)
         split = _softmax(np.array([logprobs[c] for c in children], dtype=float), temperature)
         best = children[int(np.argmax([logprobs[c] for c in children]))]
@@ -201,18 +211,8 @@ class TrieWalk(Strategy):
                 winner = found
         return winner
 
-    def block(self, trie: FieldTrie, logprobs: np.ndarray) -> tuple[list[LabelPath], int]:
-        """Where the greedy walk ends: the paths of the at most ``switch_at`` labels it scores exactly, and the
-        depth it scores them from. The descent reads only the children of nodes with more labels than that."""
-        paths, depth = list(trie.paths), trie.decision_depth
-        while len({p.label for p in paths}) > self.switch_at:
-            groups, depth = _split(paths, depth)
-            best = max(groups, key=lambda child: logprobs[child])
-            paths, depth = groups[best], depth + 1
-        return paths, depth
 
-
-def _split(paths: Sequence[LabelPath], depth: int) -> tuple[dict[int, list[LabelPath]], int]:
+def split_paths(paths: Sequence[LabelPath], depth: int) -> tuple[dict[int, list[LabelPath]], int]:
     """``paths`` grouped by their node at the first depth from ``depth`` where they part, and that depth (a chain
     every path shares has probability 1 from here: it is stepped over)."""
     groups: dict[int, list[LabelPath]] = {}

@@ -243,6 +243,11 @@ class Engine:
                 self._collector = Collector(self)
             return self._collector
 
+    @property
+    def known_pass_cost(self) -> PassCost | None:
+        """The pass cost if it was given or measured already, else ``None`` (nothing is timed)."""
+        return self._pass_cost
+
     def pass_cost(self, state: RequestState, *, token: int) -> PassCost:
         """What one forward pass costs on this backend, for the staging cost model (:mod:`pcd_engine.staging`):
         :attr:`EngineOptions.pass_cost` when given, else measured once on ``state`` (a few timed passes of

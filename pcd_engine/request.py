@@ -234,7 +234,7 @@ class Request:
             cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
             strategies = [self.strategy(q) for _, q in asked]
             readings = plan_reading(cw, strategies, staging=str(self.call.staging or "auto"), cost=self.pass_cost(cw))
-            search = WaveSearch(readings)
+            search = WaveSearch(readings, cost=self.engine.known_pass_cost)
             self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
             passes = self.tree_passes(cw, search.first(), key=search.key)
         return WavePlan(index, asked, cw, passes, search, self.nodes_scored)
@@ -254,14 +254,22 @@ class Request:
     def finish_wave(self, plan: WavePlan, logprobs: np.ndarray | None) -> None:
         """Decide a planned wave from its tree's log-probabilities (``None`` when nothing was asked; ``NaN`` for
         nodes no stage read), record each field's result, and write the answers later waves read into the tail."""
-        index, wave = plan.index, self.waves[plan.index]
-        decided: dict[str, list[Decision]] = {}
+        decisions: list[Decision] = []
         if plan.compiled is not None and plan.search is not None and logprobs is not None:
             self.nodes_saved += len(plan.compiled.tree.packed) - (self.nodes_scored - plan.nodes_before)
             with self.timed("decode"):
                 decisions = plan.search.decide(logprobs, temperature=float(self.call.temperature or 1.0))
-                for (spec, _q), decision in zip(plan.asked, decisions, strict=True):
-                    decided.setdefault(spec.name, []).append(decision)
+        self.record_wave(plan.index, plan.asked, decisions)
+
+    def record_wave(
+        self, index: int, asked: Sequence[tuple[FieldSpec, FieldSpec]], decisions: Sequence[Decision]
+    ) -> None:
+        """Record wave ``index``'s results from one decision per asked question (fields with one label need none),
+        and write the answers later waves read into the tail."""
+        wave = self.waves[index]
+        decided: dict[str, list[Decision]] = {}
+        for (spec, _q), decision in zip(asked, decisions, strict=True):
+            decided.setdefault(spec.name, []).append(decision)
         options = self.engine.options
         for spec in wave:
             if spec.kind == "multi":

@@ -15,17 +15,22 @@ CPU a pass costs about as much per fed node as a plain forward. Each question of
     label whose bound is below ``s`` is proven to lose. Stage 2 reads the labels whose bound is within
     :data:`FIRST_MARGIN` nats of the best; each later stage reads every unread label whose bound still reaches the
     best read score, until none does. The winner is the one-pass winner.
-  - ``trie_walk``: the greedy descent compares only children of nodes with more than ``switch_at`` labels, and
-    those are all head nodes, so stage 1 fixes the path; stage 2 reads the tails of the labels where it ends.
+  - ``trie_walk``: the greedy descent compares only children of nodes with more than ``switch_at`` labels, all
+    of them at or above the identifying tokens. Each stage reads the walk's next few levels below its greedy
+    position (as many as pay for their pass under the cost model; all of them down to the identifying tokens
+    when no cost is known), the walk steps down while its splits are read, and the last stage reads the tails
+    of the at most ``switch_at`` labels where it ends. The winner, and its probability, are the one-pass ones.
 
-  An unread label is scored by its bound (its tail read as probability 1) and counted in
-  :attr:`~pcd_engine.decoding.Decision.bounded`: its reported probability is an upper bound.
+  An unread node counts as probability 1, so an unread label scores at most its bound; such labels are counted
+  in :attr:`~pcd_engine.decoding.Decision.bounded`, their reported probabilities use the bound, and the
+  candidate mass is :func:`mass_bound` (exact when everything was read).
 
 The cost model (:class:`PassCost`) prices a pass as ``fixed_ms + node_ms * fed nodes``, measured at the first wave
 that could be staged with a few timed passes of different sizes (or pinned by ``EngineOptions.pass_cost``). A
 question is staged under ``staging="auto"`` only when the nodes it saves outweigh the extra passes: on a CPU, where
 each node costs about a token's forward, large label sets with long labels are staged; on a GPU, where a pass costs
-about the same up to thousands of nodes, the default stays one pass.
+about the same up to thousands of nodes, the default stays one pass. The first pcd's alternative, a greedy walk
+that spends one pass per label token (:mod:`pcd_engine.tools.greedy_walk`), is kept as a benchmark baseline.
 """
 
 from __future__ import annotations
@@ -38,11 +43,19 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from pcd_engine.backends.base import Backend, RequestState
-from pcd_engine.compiler import CompiledWave, FieldTrie
-from pcd_engine.decoding import Decision, Exact, Marginal, Strategy, TrieWalk, sequence_scores
+from pcd_engine.compiler import CompiledWave, FieldTrie, LabelPath
+from pcd_engine.decoding import Decision, Exact, Marginal, Strategy, TrieWalk, sequence_scores, split_paths
 from pcd_engine.tree import TreeBatch
 
-__all__ = ["FIRST_MARGIN", "PassCost", "QuestionReading", "WaveSearch", "measure_pass_cost", "plan_reading"]
+__all__ = [
+    "FIRST_MARGIN",
+    "PassCost",
+    "QuestionReading",
+    "WaveSearch",
+    "mass_bound",
+    "measure_pass_cost",
+    "plan_reading",
+]
 
 # Stage 2 of an exact question reads every label whose bound is within this many nats of the best bound: a label's
 # tail after its identifying token is usually near-certain, so the winner is almost always among them.
@@ -75,8 +88,9 @@ def measure_pass_cost(
 ) -> PassCost:
     """Time passes of two sizes on ``state`` (nothing is added to it) and fit :class:`PassCost`.
 
-    Each pass feeds ``n`` nodes as children of the last state token, each node reading one log-probability (as a
-    wave's packed nodes do). The fastest of ``repeats`` timings of each size is kept.
+    Each pass feeds a chain of ``n`` nodes after the last state token, each node reading one log-probability (as a
+    wave's packed nodes do); a chain is one row for a backend that scores rows, so no cache is copied. The fastest
+    of ``repeats`` timings of each size is kept.
 
     Args:
         backend: The backend to time.
@@ -92,8 +106,8 @@ def measure_pass_cost(
     for n in sizes:
         batch = TreeBatch(
             tokens=(token,) * n,
-            parents=(-1,) * n,
-            depths=(0,) * n,
+            parents=tuple(range(-1, n - 1)),
+            depths=tuple(range(n)),
             query_rows=tuple(range(n)),
             query_tokens=(token,) * n,
             query_nodes=tuple(range(n)),
@@ -206,30 +220,55 @@ def plan_reading(
 
 
 @dataclass
+class _Walk:
+    """Where a staged trie walk stands: the paths below its greedy position, and the depth they part from."""
+
+    paths: list[LabelPath]
+    depth: int
+
+
+@dataclass
 class WaveSearch:
     """One request's reading of one wave: what each stage reads, and the decisions at the end.
 
     Drive it with :meth:`first`, then :meth:`next` after each stage until it returns nothing; unread nodes are
     ``NaN`` in the log-probabilities it is given.
 
+    A staged ``trie_walk`` question reads ahead of its greedy position by as many levels as ``cost`` says pay for
+    themselves (each pass costs ``fixed_ms``, each fed node ``node_ms``; without a cost, down to every label's
+    identifying token at once), steps down while the children of each split are read, and reads the tails of the
+    at most ``switch_at`` labels where it ends.
+
     Attributes:
         readings: The questions' readings, in the wave's order.
-        expanded: For each staged question, the labels whose tails were asked for so far.
+        cost: The pass cost that sizes a trie walk's look-ahead (``None``: read every head in the first stage).
+        expanded: For each staged exact question, the labels whose tails were asked for so far.
         stages: Stages asked for so far.
     """
 
     readings: tuple[QuestionReading, ...]
+    cost: PassCost | None = None
     expanded: list[set[int]] = field(default_factory=list)
     stages: int = 0
+    _walks: dict[int, _Walk] = field(default_factory=dict, repr=False)
+    _first: set[int] = field(default_factory=set, repr=False)
 
     def __post_init__(self) -> None:
         self.expanded = [{li for li, tail in enumerate(r.tails) if not tail} for r in self.readings]
+        unread = np.full(1 + max((n for r in self.readings for p in r.trie.paths for n in p.nodes), default=0), np.nan)
+        for i, reading in enumerate(self.readings):
+            if reading.staged and isinstance(reading.strategy, TrieWalk):
+                self._walks[i] = _Walk(list(reading.trie.paths), reading.trie.decision_depth)
+                self._first |= self._step(reading.strategy, self._walks[i], unread)
+            else:
+                self._first |= reading.first()
 
     @property
     def key(self) -> tuple[str, ...]:
-        """Names the first stage's reading (each question's strategy, and whether it is staged) for caching its
-        passes: the same compiled wave read the same way reads the same nodes."""
-        return tuple(f"{r.strategy.name}{'+' if r.staged else ''}" for r in self.readings)
+        """Names the first stage's reading for caching its passes: each question's strategy and staging, and the
+        nodes a trie walk reads ahead (the same compiled wave read the same way reads the same nodes)."""
+        names = tuple(f"{r.strategy.name}{'+' if r.staged else ''}" for r in self.readings)
+        return (*names, str(len(self._first)), str(hash(frozenset(self._first))))
 
     @property
     def staged(self) -> bool:
@@ -239,17 +278,18 @@ class WaveSearch:
     def first(self) -> set[int]:
         """The nodes stage 1 reads."""
         self.stages = 1
-        out: set[int] = set()
-        for reading in self.readings:
-            out |= reading.first()
-        return out
+        return set(self._first)
 
     def next(self, logprobs: np.ndarray) -> set[int]:
         """The nodes the next stage reads, given what the stages so far read; empty when the decisions are proven."""
         filled = np.nan_to_num(logprobs, nan=0.0)
         out: set[int] = set()
-        for reading, expanded in zip(self.readings, self.expanded, strict=True):
+        for i, (reading, expanded) in enumerate(zip(self.readings, self.expanded, strict=True)):
             if not reading.staged:
+                continue
+            if i in self._walks:
+                assert isinstance(reading.strategy, TrieWalk)
+                out |= self._step(reading.strategy, self._walks[i], logprobs)
                 continue
             labels = self._wanted(reading, expanded, filled)
             expanded.update(labels)
@@ -260,14 +300,41 @@ class WaveSearch:
             self.stages += 1
         return out
 
+    def _step(self, walk_strategy: TrieWalk, walk: _Walk, logprobs: np.ndarray) -> set[int]:
+        """Step a trie walk down while its splits are read; the nodes it needs next (none once it is decided)."""
+        while len({p.label for p in walk.paths}) > walk_strategy.switch_at:
+            groups, split = split_paths(walk.paths, walk.depth)
+            if any(np.isnan(logprobs[child]) for child in groups):
+                return self._look_ahead(walk, logprobs)
+            best = max(groups, key=lambda child: logprobs[child])  # TrieWalk's own tie rule: the first best
+            walk.paths, walk.depth = groups[best], split + 1
+        return {n for p in walk.paths for n in p.nodes[walk.depth :] if np.isnan(logprobs[n])}
+
+    def _look_ahead(self, walk: _Walk, logprobs: np.ndarray) -> set[int]:
+        """The unread nodes of the walk's paths in the next ``L`` levels, ``L`` chosen to minimize the predicted
+        cost per level (down to the identifying tokens, the most a greedy split can need)."""
+        deepest = max(p.ident for p in walk.paths) + 1
+        levels = range(1, max(1, deepest - walk.depth) + 1)
+        if self.cost is None:
+            levels = range(levels[-1], levels[-1] + 1)
+        best: tuple[float, set[int]] | None = None
+        for n in levels:
+            queries = {p.nodes[d] for p in walk.paths for d in range(walk.depth, min(walk.depth + n, len(p.nodes)))}
+            fed = {
+                p.nodes[d]
+                for p in walk.paths
+                for d in range(max(0, walk.depth - 1), min(walk.depth + n - 1, len(p.nodes)))
+            }
+            per_level = (self.cost.ms(nodes=len(fed) + walk.depth) if self.cost else 0.0) / n
+            if best is None or per_level < best[0]:
+                best = (per_level, queries)
+        assert best is not None
+        return {q for q in best[1] if np.isnan(logprobs[q])}
+
     @staticmethod
     def _wanted(reading: QuestionReading, expanded: set[int], filled: np.ndarray) -> set[int]:
-        """The labels of a staged question whose tails the next stage must read."""
-        trie, strategy = reading.trie, reading.strategy
-        if isinstance(strategy, TrieWalk):
-            paths, _ = strategy.block(trie, filled)
-            return {p.label for p in paths} - expanded
-        bound = sequence_scores(trie, filled)  # an unread tail counts as probability 1: an upper bound
+        """The labels of a staged exact question whose tails the next stage must read."""
+        bound = sequence_scores(reading.trie, filled)  # an unread tail counts as probability 1: an upper bound
         unread = [li for li in range(len(bound)) if li not in expanded and bound[li] > -math.inf]
         if not unread:
             return set()
@@ -280,13 +347,42 @@ class WaveSearch:
         return {li for li in unread if bound[li] >= best}
 
     def decide(self, logprobs: np.ndarray, *, temperature: float) -> list[Decision]:
-        """Each question's decision from what was read (unread tails count as probability 1, so an unread label
-        scores its bound; see :attr:`~pcd_engine.decoding.Decision.bounded`)."""
+        """Each question's decision from what was read. An unread node counts as probability 1, so an unread label
+        scores at most its bound (:attr:`~pcd_engine.decoding.Decision.bounded` counts them) and a staged
+        question's candidate mass is :func:`mass_bound`."""
         filled = np.nan_to_num(logprobs, nan=0.0)
         out = []
-        for reading, expanded in zip(self.readings, self.expanded, strict=True):
+        for reading in self.readings:
             decision = reading.strategy.decide(reading.trie, filled, temperature=temperature)
             if reading.staged:
-                decision = replace(decision, bounded=len(reading.tails) - len(expanded))
+                trie = reading.trie
+                unread = {p.label for p in trie.paths if np.isnan(logprobs[list(p.nodes[trie.decision_depth :])]).any()}
+                decision = replace(decision, bounded=len(unread), candidate_mass=mass_bound(trie, logprobs))
             out.append(decision)
         return out
+
+
+def mass_bound(trie: FieldTrie, logprobs: np.ndarray) -> float:
+    """An upper bound of the probability, from the decision point, of reaching any of the field's labels, from the
+    nodes read (``NaN`` for unread): the read labels' own probabilities, plus, below every read node with unread
+    children, what its read children leave of its mass. Equal to the exact mass when everything is read."""
+    children: dict[int, set[int]] = {}
+    ends: set[int] = set()
+    for path in trie.paths:
+        chain = path.nodes[trie.decision_depth :]
+        for parent, child in zip((-1, *chain[:-1]), chain, strict=True):
+            children.setdefault(parent, set()).add(child)
+        ends.add(chain[-1])
+    total = 0.0
+    stack: list[tuple[int, float]] = [(-1, 0.0)]
+    while stack:
+        node, cum = stack.pop()
+        if node in ends:
+            total += math.exp(cum)
+            continue
+        kids = children.get(node, set())
+        read = [k for k in kids if not np.isnan(logprobs[k])]
+        if len(read) < len(kids):
+            total += max(0.0, math.exp(cum) - sum(math.exp(cum + logprobs[k]) for k in read))
+        stack.extend((k, cum + float(logprobs[k])) for k in read)
+    return total

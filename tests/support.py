@@ -146,6 +146,26 @@ def tiny_backend(param: tuple[str, str], tokenizer: Any, folder: Path) -> Any:
     return load_mlx_twin(save_tiny(model, tokenizer, folder), tokenizer)[0]
 
 
+# ------------------------------------------------------------------------------------------ staged reading
+
+
+def assert_staged_matches(whole: Any, staged: Any) -> None:
+    """The values are equal; a field read in full reports the same probabilities; a field with bounded labels
+    reports the winner's probability at most the true one and a candidate mass at least the true one (bounds
+    only raise the unread labels' scores)."""
+    assert staged.values == whole.values
+    for name, field in whole.fields.items():
+        other = staged.fields[name]
+        if field.probability is None:
+            continue
+        if other.bounded_labels == 0:
+            assert other.probability == pytest.approx(field.probability, abs=1e-4), name
+            assert other.candidate_mass == pytest.approx(field.candidate_mass, abs=1e-4), name
+        else:
+            assert other.probability <= field.probability + 1e-4, name
+            assert other.candidate_mass >= field.candidate_mass - 1e-4, name
+
+
 # ------------------------------------------------------------------------------------------ oracle LM
 
 

@@ -259,19 +259,20 @@ def test_console_script_end_to_end(tmp_path):
 @pytest.mark.slow
 def test_bench_against_both_baselines(capsys, tiny, tmp_path):
     plot, raw = tmp_path / "bench.png", tmp_path / "bench.json"
-    argv = ["bench", tiny, "support_triage", "catalogue_255", "--against", "ar,outlines", "--repeats", "1"]
+    argv = ["bench", tiny, "support_triage", "catalogue_255", "--against", "ar,outlines,walk", "--repeats", "1"]
     code, out, _ = run(capsys, *argv, "--backend", "torch", "--plot", str(plot), "--json", str(raw), "-q")
     assert code == 0, out
     header = next(line for line in out.splitlines() if line.startswith("| preset |"))
-    for column in ("pcd ms", "ar ms", "ar valid", "speed-up vs ar", "outlines ms", "speed-up vs outlines"):
+    for column in ("pcd ms", "ar ms", "ar valid", "speed-up vs ar", "outlines ms", "speed-up vs outlines", "walk ms"):
         assert f"| {column} |" in header
     rows = table_rows(out, "preset")
     assert [r[0] for r in rows] == ["support_triage", "catalogue_255"]
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(raw.read_text())
     for row in data["rows"]:
-        assert [b["method"] for b in row["baselines"]] == ["ar", "outlines"]
-        assert row["pcd_ms"] > 0 and row["full_answer_ms"] > 0
+        assert [b["method"] for b in row["baselines"]] == ["ar", "outlines", "walk"]
+        assert row["pcd_ms"] > 0 and row["full_answer_ms"] > 0 and row["unstaged_ms"] > 0
+        assert row["baselines"][2]["valid"]  # the walk ends on a label
         for b in row["baselines"]:
             assert 0 <= b["agree"] <= row["fields"]
             assert b["speedup"] == pytest.approx(b["ms"] / row["pcd_ms"])

@@ -1,6 +1,8 @@
 """The baselines pcd is measured against: the same model writing the JSON token by token, from the same prompt.
 
 * :func:`generate_baseline`: plain greedy autoregressive (AR) generation after the prompt's opening ``{``.
+* :func:`generate_walk`: the first pcd's staged greedy trie walk (:mod:`pcd_engine.tools.greedy_walk`): one pass
+  per label token, expanding only the best token's subtree; it writes no JSON, so it is always valid.
 * :func:`generate_outlines`: greedy generation constrained to the schema's JSON Schema by outlines
   (``outlines_core``), through ``transformers``' ``generate`` on the engine's own PyTorch model. The prompt is
   pcd's prompt without the opening ``{``, which the grammar writes itself.
@@ -40,6 +42,7 @@ __all__ = [
     "ready",
     "generate_baseline",
     "generate_outlines",
+    "generate_walk",
     "json_object_closed",
     "partial_pairs",
     "stream_baseline",
@@ -311,7 +314,18 @@ def generate_outlines(engine: Engine, text: str, schema: Any, *, max_new_tokens:
 # ------------------------------------------------------------------------------------------ running them
 
 
-BASELINES: dict[str, Callable[..., BaselineResult]] = {"ar": generate_baseline, "outlines": generate_outlines}
+def generate_walk(engine: Engine, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
+    """The first pcd's staged greedy walk (see :mod:`pcd_engine.tools.greedy_walk`)."""
+    from pcd_engine.tools.greedy_walk import generate_greedy_walk
+
+    return generate_greedy_walk(engine, text, schema, max_new_tokens=max_new_tokens)
+
+
+BASELINES: dict[str, Callable[..., BaselineResult]] = {
+    "ar": generate_baseline,
+    "outlines": generate_outlines,
+    "walk": generate_walk,
+}
 INVALID = "<invalid>"
 
 Progress = Callable[[str], None]

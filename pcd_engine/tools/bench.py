@@ -1,7 +1,8 @@
 """``pcd bench``: pcd measured against its baselines on presets, side by side in one run on the same model and
 the same prompt.
 
-pcd's ``extract`` (default settings and one-pass mode) runs against each baseline
+pcd's ``extract`` (default settings, every field in one wave, and every label read in one pass) runs against each
+baseline
 (:data:`~pcd_engine.tools.baseline.BASELINES`), with tokens, validity, agreement of the fields and speed-ups.
 Timings are medians of wall time. The first pcd call of a schema prefills its head and is not timed; outlines'
 one-off index compilation is reported apart (``setup_ms``), so both are compared warm.
@@ -46,6 +47,11 @@ class BenchRow:
             fields.
         tokens_per_step: Generated tokens per generation pass of one default-settings extract (drafts on).
         accepted_tokens: Draft tokens the model kept in that extract.
+        unstaged_ms: Median ms with ``staging="one_pass"``: every label's tokens read in one pass (see
+            :mod:`pcd_engine.staging`).
+        nodes_scored: Tree nodes fed in one default-settings extract.
+        nodes_saved: Tree nodes that extract did not feed, against one pass over every wave's whole tree.
+        stage_passes: Later-stage passes of that extract.
     """
 
     preset: str
@@ -61,6 +67,10 @@ class BenchRow:
     no_draft_ms: float | None = None
     tokens_per_step: float = 0.0
     accepted_tokens: int = 0
+    unstaged_ms: float = 0.0
+    nodes_scored: int = 0
+    nodes_saved: int = 0
+    stage_passes: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The row as plain JSON-ready data."""
@@ -121,6 +131,7 @@ def _bench_one(
     out = engine.extract(text, schema)
     pcd_ms = median_ms(lambda: engine.extract(text, schema), repeats)
     one_ms = median_ms(lambda: engine.extract(text, flat, anchor=False), repeats)
+    unstaged_ms = median_ms(lambda: engine.extract(text, schema, staging="one_pass"), repeats)
     no_draft_ms = None
     if out.stats.generation_passes:
         no_draft_ms = median_ms(lambda: engine.extract(text, schema, draft_tokens=0), repeats)
@@ -165,4 +176,8 @@ def _bench_one(
         no_draft_ms=no_draft_ms,
         tokens_per_step=out.stats.tokens_per_step,
         accepted_tokens=out.stats.accepted_tokens,
+        unstaged_ms=unstaged_ms,
+        nodes_scored=out.stats.nodes_scored,
+        nodes_saved=out.stats.nodes_saved,
+        stage_passes=out.stats.stage_passes,
     )

@@ -173,14 +173,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rows = bench_presets(engine, presets, against=against, repeats=args.repeats, progress=tick)
     print(f"model: {args.model}; {_describe(engine)}; medians of {args.repeats}")
     print(versions() + "\n")
-    head = ["preset", "fields", "pcd ms", "passes", "pcd 1-pass ms", "no drafts ms", "tokens/step (accepted)"]
+    head = ["preset", "fields", "pcd ms", "passes", "nodes (saved)", "pcd 1-wave ms", "unstaged ms", "no drafts ms"]
+    head += ["tokens/step (accepted)"]
     for method in against:
         head += [f"{method} ms", f"{method} tokens", f"{method} valid", f"{method} agree", f"speed-up vs {method}"]
     if "ar" in against:
         head += ["full-answer AR ms", "speed-up vs full-answer AR"]
     rows_out = []
     for r in rows:
-        line: list[Any] = [r.preset, r.fields, f"{r.pcd_ms:.0f}", r.passes, f"{r.one_pass_ms:.0f}"]
+        line: list[Any] = [r.preset, r.fields, f"{r.pcd_ms:.0f}", r.passes, f"{r.nodes_scored} ({r.nodes_saved})"]
+        line += [f"{r.one_pass_ms:.0f}", f"{r.unstaged_ms:.0f}"]
         drafted = r.no_draft_ms is not None
         line += [
             f"{r.no_draft_ms:.0f}" if drafted else "-",
@@ -354,7 +356,9 @@ def _add_bench(sub: Any) -> None:
     p.add_argument(
         "presets", nargs="+", metavar="PRESET", help=f"example presets ({', '.join(EXAMPLE_PRESETS)}) or .json files"
     )
-    p.add_argument("--against", default="ar", help="comma-separated baselines: ar, outlines, or none (default: ar)")
+    p.add_argument(
+        "--against", default="ar", help="comma-separated baselines: ar, outlines, walk, or none (default: ar)"
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per method; medians (default: 3)")
     p.add_argument("--plot", metavar="OUT.png", help="write a bar chart")
     p.add_argument("--json", metavar="OUT.json", help="write the raw figures")
