@@ -126,3 +126,18 @@ def test_partial_pairs_reads_what_a_broken_answer_wrote():
     assert partial_pairs('{"a": true} and then more text') == {"a": True}
     assert partial_pairs('{"tags": ["x", "y", "z') == {"tags": ["x", "y"]}
     assert partial_pairs("no object here") == {} and partial_pairs("[1, 2]") == {}
+
+
+def test_bench_fails_on_a_preset_that_cannot_run_before_timing_anything(smol_tokenizer):
+    from pcd_engine import Engine
+    from pcd_engine.errors import ContextError
+    from pcd_engine.tools.bench import bench_presets
+    from pcd_engine.tools.examples import example_preset
+    from tests.support import OracleBackend, OracleLM
+
+    engine = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)), max_context=2000))
+    steps: list[str] = []
+    presets = [("support_triage", example_preset("support_triage")), ("customs_255", example_preset("customs_255"))]
+    with pytest.raises(ContextError, match="window"):
+        bench_presets(engine, presets, against=("ar",), repeats=1, progress=steps.append)
+    assert steps == []  # nothing was timed

@@ -93,9 +93,10 @@ def test_presets_default_settings(default_engine, name):
 
 @pytest.mark.parametrize("name", EXAMPLE_PRESETS)
 def test_presets_staged_equal_one_pass(default_engine, name):
-    """The staged reading decides what one pass over every label's tokens decides, on the real model."""
+    """The staged reading decides what one pass over every label's tokens decides, on the real model (the exact
+    strategy too on catalogue_255; customs_255's one-pass exact reading alone takes half a minute of CI)."""
     preset = example_preset(name)
-    strategies = [None, "exact"] if name.endswith("_255") else [None]
+    strategies = [None, "exact"] if name == "catalogue_255" else [None]
     for strategy in strategies:
         whole = default_engine.extract(preset.context, preset.schema, strategy=strategy, staging="one_pass")
         staged = default_engine.extract(preset.context, preset.schema, strategy=strategy, staging="staged")

@@ -106,8 +106,13 @@ def bench_presets(
     Returns:
         One row per preset.
 
+    Every preset is extracted once before anything is timed (which also prefills its head), so one that cannot run
+    fails at once rather than after the presets before it were timed.
+
     Raises:
         OptionError: If ``repeats`` < 1, a baseline is unknown, or a preset has no example text.
+        PCDError: If a preset cannot be extracted (for example :class:`~pcd_engine.errors.ContextError` when its
+            prompt does not fit the model's window), before any timing.
         BackendUnavailableError: If a baseline cannot run on this engine (outlines needs torch and outlines).
     """
     if repeats < 1:
@@ -117,6 +122,8 @@ def bench_presets(
     for name, preset in presets:
         if not preset.context:
             raise OptionError(f"Preset {name!r}: expected a 'context' example text to benchmark on, but it has none.")
+    for _name, preset in presets:  # a preset that cannot run (too long for the window...) fails before any timing
+        engine.extract(preset.context or "", preset.schema)
     return [_bench_one(engine, name, preset, against, repeats, tick) for name, preset in presets]
 
 
