@@ -47,7 +47,9 @@ class CompileCache:
         self.heads: LRU[str, tuple[Head, Prefix]] = LRU(heads)
         self.waves: LRU[tuple[str, ...], CompiledWave] = LRU(64 * heads)
         self.rows: LRU[tuple[str, ...], RowPlan] = LRU(64 * heads)
-        self.pass_plans: LRU[tuple[int, int, tuple[str, ...]], tuple[CompiledWave, list[TreeBatch]]] = LRU(64 * heads)
+        self.pass_plans: LRU[tuple[int, int, frozenset[int] | None], tuple[CompiledWave, list[TreeBatch]]] = LRU(
+            64 * heads
+        )
 
     @staticmethod
     def head_key(schema: Schema, fmt: PromptFormat) -> str:
@@ -77,12 +79,10 @@ class CompileCache:
             key, lambda: compile_rows(self.tokenizer, fields, boundary_text=prompt.boundary_text, tail_text=tail_text)
         )
 
-    def passes(
-        self, wave: CompiledWave, max_nodes: int, queries: set[int] | None = None, *, key: tuple[str, ...] = ()
-    ) -> list[TreeBatch]:
+    def passes(self, wave: CompiledWave, max_nodes: int, queries: frozenset[int] | None = None) -> list[TreeBatch]:
         """The passes that read ``queries`` of the wave's tree (``None``: every node), at most ``max_nodes`` nodes
-        each; ``key`` names the query set (the same wave and key must mean the same queries)."""
-        cache_key = (id(wave), max_nodes, key)
+        each."""
+        cache_key = (id(wave), max_nodes, queries)
         plan = self.pass_plans.get_or_build(
             cache_key, lambda: (wave, plan_passes(wave.tree, max_nodes=max_nodes, queries=queries))
         )

@@ -227,7 +227,7 @@ class Request:
         """Compile wave ``index`` for this request's tail, queue its tail tokens, choose how its tree is read, and
         plan the first stage's passes within the budget (the first step of :meth:`decide_wave`; a batch runs the
         passes of many requests together)."""
-        asked = [(spec, q) for spec in self.waves[index] for q in questions(spec) if len(q.labels) > 1]
+        asked = self.asked(index)
         if not asked:
             return WavePlan(index, asked, None, [])
         with self.timed("compile"):
@@ -236,8 +236,13 @@ class Request:
             readings = plan_reading(cw, strategies, staging=str(self.call.staging or "auto"), cost=self.pass_cost(cw))
             search = WaveSearch(readings, cost=self.engine.known_pass_cost)
             self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
-            passes = self.tree_passes(cw, search.first(), key=search.key)
+            passes = self.tree_passes(cw, search.first())
         return WavePlan(index, asked, cw, passes, search, self.nodes_scored)
+
+    def asked(self, index: int) -> list[tuple[FieldSpec, FieldSpec]]:
+        """Wave ``index``'s questions with more than one label (one per field, one per label of a multi-label
+        field), each with its field."""
+        return [(spec, q) for spec in self.waves[index] for q in questions(spec) if len(q.labels) > 1]
 
     def next_stage(self, plan: WavePlan, logprobs: np.ndarray) -> list[TreeBatch]:
         """The passes of the wave's next stage, given what its stages so far read (none when it is decided)."""
@@ -489,17 +494,17 @@ class Request:
             self.backend.score_tree(self.state, causal=self.pending[:chunk], batch=_EMPTY)
             self.pending = self.pending[chunk:]
 
-    def tree_passes(self, wave: CompiledWave, queries: set[int], *, key: tuple[str, ...]) -> list[TreeBatch]:
-        """The passes that read ``queries`` (a reading of the wave named ``key``) within the budget. The document
+    def tree_passes(self, wave: CompiledWave, queries: frozenset[int]) -> list[TreeBatch]:
+        """The passes that read ``queries`` of the wave's tree within the budget. The document
         block rides in the first pass unless feeding it ahead (in causal chunks) saves passes, or is the only way
         one root-to-leaf chain fits beside it."""
         cache, packed = self.engine.cache, wave.tree.packed
         longest = 1 + max((wave.tree.depths[n] for n in packed), default=0)
         self.fit_causal(extra=longest, keep=1)
         past, pending = self.state.length, len(self.pending)
-        passes = cache.passes(wave, self.budget.max_nodes(past, pending), queries, key=key)
+        passes = cache.passes(wave, self.budget.max_nodes(past, pending), queries)
         if len(passes) > 1 and pending > 1:
-            ahead = cache.passes(wave, self.budget.max_nodes(past + pending - 1, 1), queries, key=key)
+            ahead = cache.passes(wave, self.budget.max_nodes(past + pending - 1, 1), queries)
             chunks = -(-(pending - 1) // max(1, self.budget.fit(past)))
             if chunks + len(ahead) < len(passes):
                 self.feed_ahead(keep=1)

@@ -251,34 +251,29 @@ class WaveSearch:
     expanded: list[set[int]] = field(default_factory=list)
     stages: int = 0
     _walks: dict[int, _Walk] = field(default_factory=dict, repr=False)
-    _first: set[int] = field(default_factory=set, repr=False)
+    _first: frozenset[int] = field(default_factory=frozenset, repr=False)
 
     def __post_init__(self) -> None:
         self.expanded = [{li for li, tail in enumerate(r.tails) if not tail} for r in self.readings]
+        first: set[int] = set()
         unread = np.full(1 + max((n for r in self.readings for p in r.trie.paths for n in p.nodes), default=0), np.nan)
         for i, reading in enumerate(self.readings):
             if reading.staged and isinstance(reading.strategy, TrieWalk):
                 self._walks[i] = _Walk(list(reading.trie.paths), reading.trie.decision_depth)
-                self._first |= self._step(reading.strategy, self._walks[i], unread)
+                first |= self._step(reading.strategy, self._walks[i], unread)
             else:
-                self._first |= reading.first()
-
-    @property
-    def key(self) -> tuple[str, ...]:
-        """Names the first stage's reading for caching its passes: each question's strategy and staging, and the
-        nodes a trie walk reads ahead (the same compiled wave read the same way reads the same nodes)."""
-        names = tuple(f"{r.strategy.name}{'+' if r.staged else ''}" for r in self.readings)
-        return (*names, str(len(self._first)), str(hash(frozenset(self._first))))
+                first |= reading.first()
+        self._first = frozenset(first)
 
     @property
     def staged(self) -> bool:
         """Whether any question is read in stages."""
         return any(r.staged for r in self.readings)
 
-    def first(self) -> set[int]:
-        """The nodes stage 1 reads."""
+    def first(self) -> frozenset[int]:
+        """The nodes stage 1 reads (the same set for the same wave read the same way: it keys the cached passes)."""
         self.stages = 1
-        return set(self._first)
+        return self._first
 
     def next(self, logprobs: np.ndarray) -> set[int]:
         """The nodes the next stage reads, given what the stages so far read; empty when the decisions are proven."""

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pcd_engine.compiler import questions
 from pcd_engine.decoding import Decision
 from pcd_engine.planner import plan_passes
 from pcd_engine.request import Request
@@ -53,7 +52,7 @@ def generate_greedy_walk(
     before = engine.backend.thread_passes
     request = Request.open(engine, flat, call, text)
     if request.waves:
-        asked = [(spec, q) for spec in request.waves[0] for q in questions(spec) if len(q.labels) > 1]
+        asked = request.asked(0)
         request.record_wave(0, asked, _walk(request, asked) if asked else [])
     request.generate()
     values = {spec.name: request.results[spec.name].value for spec in flat.fields}
