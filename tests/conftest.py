@@ -53,3 +53,21 @@ def tiny_engine(smol_tokenizer: Any) -> Any:
     from tests.support import tiny_model
 
     return Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder(tmp_path_factory: Any, smol_tokenizer: Any) -> str:
+    """A tiny random Llama with the SmolLM2 tokenizer saved as a model folder, for what loads models by path (the
+    command line, its subprocesses, Ray actors)."""
+    from tests.support import save_tiny, tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny-llama-folder")
+    return str(save_tiny(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer, folder))
+
+
+@pytest.fixture(scope="session")
+def tiny_folder_engine(tiny_folder: str) -> Any:
+    """An engine on :func:`tiny_folder`, loaded as ``Engine.load`` loads it elsewhere."""
+    from pcd_engine import Engine
+
+    return Engine.load(tiny_folder, backend="torch")

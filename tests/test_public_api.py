@@ -81,6 +81,12 @@ def test_llamaindex_all():
     assert pcd_integrations.llamaindex.__all__ == ["PCDLLM", "PCDMetadataExtractor", "PCDPydanticProgram"]
 
 
+def test_ray_all():
+    import pcd_integrations.ray
+
+    assert pcd_integrations.ray.__all__ == ["PCDTagger", "ray_parts", "tag_dataset"]
+
+
 def test_core_does_not_import_torch_at_import_time():
     import subprocess
     import sys
@@ -137,6 +143,27 @@ MODULE_ALL = {
         "stream_text",
     ],
     "pcd_engine.tools.cli": ["build_parser", "main"],
+    "pcd_engine.tools.corpus": ["FORMATS", "CorpusDocument", "check_unique", "json_lines", "read_corpus"],
+    "pcd_engine.tools.tag_table": [
+        "ERROR_COLUMN",
+        "WARNINGS_COLUMN",
+        "TagColumn",
+        "row_values",
+        "tag_columns",
+        "tag_table",
+    ],
+    "pcd_engine.tools.tagging": [
+        "DEFAULT_PART_SIZE",
+        "JOB_KEY",
+        "TagSummary",
+        "check_output",
+        "engine_parts",
+        "job_identity",
+        "read_tag_table",
+        "run_tag_job",
+        "tag_corpus",
+        "tag_outcomes",
+    ],
     "pcd_engine.tools.bench": ["BenchRow", "bench_presets", "one_wave"],
     "pcd_engine.tools.eval": ["EvalReport", "MethodScore", "eval_schema", "evaluate"],
     "pcd_engine.tools.check": ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"],

@@ -1,4 +1,4 @@
-"""The ``pcd`` command: models, check, run, bench, eval and serve.
+"""The ``pcd`` command: models, check, run, bench, eval, tag and serve.
 
 ``main(argv)`` parses with :func:`build_parser`, runs one sub-command and returns its exit code. Every error pcd
 raises on purpose (and a missing or unreadable file, bad JSON) becomes one line on stderr and exit code 1; usage
@@ -253,6 +253,94 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tag(args: argparse.Namespace) -> int:
+    from pcd_engine.backends import select_backend
+    from pcd_engine.models import resolve_model
+    from pcd_engine.schema import compile_schema
+    from pcd_engine.tools.corpus import read_corpus
+    from pcd_engine.tools.tag_table import tag_columns
+    from pcd_engine.tools.tagging import check_output, engine_parts, job_identity, run_tag_job
+
+    if args.preset and args.schema:
+        raise OptionError("pcd tag: expected either --preset or --schema, but got both.")
+    if not (args.preset or args.schema):
+        raise OptionError("pcd tag: expected --schema S.json or --preset PRESET, but got neither.")
+    for flag in ("part_size", "concurrency"):
+        if getattr(args, flag) < 1:
+            raise OptionError(
+                f"pcd tag --{flag.replace('_', '-')}: expected a positive integer, but got {getattr(args, flag)}."
+            )
+    check_batch_size(args.batch_size)
+    schema = compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
+    tag_columns(schema, reserved=["id"])
+    docs = read_corpus(args.input, text_column=args.text_column, id_column=args.id_column, limit=args.limit)
+    options = _options(args)
+    chosen = select_backend(args.backend)
+    name = None if args.model in ("default", DEFAULT_MODEL) else args.model
+    model_id = f"{resolve_model(name, backend=chosen)} ({chosen}{', ' + args.dtype if args.dtype else ''})"
+    identity = job_identity(
+        schema, model=model_id, options=options, columns={"text": args.text_column, "id": args.id_column}
+    )
+    check_output(args.output, identity, overwrite=args.overwrite)  # before the model loads
+    ray_started = False
+    if args.ray or args.ray_address is not None:
+        runner, ray_started = _ray_runner(args, schema, options, name=name, backend=chosen)
+    else:
+        engine = _engine(args)
+        runner = engine_parts(engine, schema, options=options, part_size=args.part_size, batch_size=args.batch_size)
+    try:
+        summary = run_tag_job(
+            docs, schema, args.output, identity=identity, runner=runner, overwrite=args.overwrite, quiet=args.quiet
+        )
+    except KeyboardInterrupt:
+        print(
+            f"pcd tag: interrupted; the finished parts are kept in {args.output}.parts/ and the same command "
+            "resumes from them",
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        if ray_started:
+            import ray
+
+            ray.shutdown()
+    rate = f", {summary.documents_per_second:.1f} documents/s" if summary.tagged else ""
+    print(
+        f"{summary.output}: {summary.documents} documents ({summary.tagged} tagged now in {summary.seconds:.1f} s"
+        f"{rate}, {summary.skipped} already done), {summary.errors} error rows"
+        + (f"; {summary.dropped} rows of ids no longer in the input dropped" if summary.dropped else "")
+    )
+    return 0
+
+
+def _ray_runner(
+    args: argparse.Namespace, schema: Any, options: ExtractOptions, *, name: str | None, backend: str
+) -> Any:
+    from pcd_engine.errors import require
+
+    (ray,) = require("ray", what="pcd tag --ray", install="pip install 'pcd[ray]'")
+    from pcd_integrations.ray import ray_parts
+
+    if args.quiet:
+        import ray.data
+
+        ray.data.DataContext.get_current().enable_progress_bars = False
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=not args.quiet)
+    runner = ray_parts(
+        schema,
+        model=name,
+        backend=backend,
+        options=options,
+        part_size=args.part_size,
+        concurrency=args.concurrency,
+        num_gpus=args.num_gpus,
+        engine_options={"batch_size": args.batch_size} if args.batch_size else None,
+    )
+    return runner, started
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from pcd_engine.tools.serve import create_app, header_timeout_protocol
 
@@ -432,8 +520,33 @@ def _add_serve(sub: Any) -> None:
     p.set_defaults(func=cmd_serve)
 
 
+def _add_tag(sub: Any) -> None:
+    p = sub.add_parser("tag", help="tag a corpus into a Parquet table, resumably; in-process or on Ray Data")
+    _with_model(p)
+    p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict")
+    p.add_argument("--preset", metavar="PRESET", help="example preset name or preset .json file (instead of --schema)")
+    p.add_argument(
+        "--input", required=True, metavar="PATH", help="a .jsonl, .csv or .parquet file, or a folder of text files"
+    )
+    p.add_argument("--output", required=True, metavar="OUT.parquet", help="the table to write (resumed if there)")
+    p.add_argument("--text-column", default="text", help="the column with the texts (default: text)")
+    p.add_argument("--id-column", default=None, help="the column with unique ids (default: row number or file path)")
+    p.add_argument("--limit", type=int, default=None, help="tag only the first N documents")
+    p.add_argument(
+        "--part-size", type=int, default=64, help="documents per part file, the most a crash loses (default: 64)"
+    )
+    p.add_argument("--batch-size", type=int, default=None, help="documents per forward pass (default: engine's)")
+    p.add_argument("--overwrite", action="store_true", help="start afresh instead of resuming")
+    p.add_argument("--ray", action="store_true", help="tag on Ray Data (a local cluster unless --ray-address)")
+    p.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the Ray cluster to join (implies --ray)")
+    p.add_argument("--concurrency", type=int, default=1, help="Ray actors, one engine each (default: 1)")
+    p.add_argument("--num-gpus", type=float, default=None, help="GPUs per Ray actor (default: none)")
+    _with_decoding(p)
+    p.set_defaults(func=cmd_tag)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pcd`` argument parser with its six sub-commands."""
+    """The ``pcd`` argument parser with its seven sub-commands."""
     parser = argparse.ArgumentParser(
         prog="pcd",
         description="Structured decisions from local LLMs: every label of every field decided in parallel.",
@@ -446,7 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="does this model work? conformance checks, presets, one extraction")
     _with_model(p)
     p.set_defaults(func=cmd_check)
-    for add in (_add_run, _add_bench, _add_eval, _add_serve):
+    for add in (_add_run, _add_bench, _add_eval, _add_tag, _add_serve):
         add(sub)
     return parser
 

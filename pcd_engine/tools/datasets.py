@@ -11,13 +11,13 @@ confusion matrix with gold labels as rows.
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pcd_engine.errors import DatasetError, require
+from pcd_engine.tools.corpus import json_lines
 
 __all__ = ["LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"]
 
@@ -39,24 +39,13 @@ class LabelledText:
 
 def _from_jsonl(path: Path) -> list[LabelledText]:
     out = []
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(
-                    f"Dataset {where}: expected a JSON object per line, but got bad JSON ({exc.msg})."
-                ) from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str) or "label" not in row:
-                got = sorted(row) if isinstance(row, dict) else type(row).__name__
-                raise DatasetError(f"Dataset {where}: expected {{'text': str, 'label': ...}}, but got {got}.")
-            label = row["label"]
-            if not isinstance(label, (str, int)) or isinstance(label, bool):
-                raise DatasetError(f"Dataset {where}: expected the label to be a str or int, but got {label!r}.")
-            out.append(LabelledText(row["text"], str(label), where))
+    for where, row in json_lines(path, what="Dataset", error=DatasetError):
+        if not isinstance(row.get("text"), str) or "label" not in row:
+            raise DatasetError(f"Dataset {where}: expected {{'text': str, 'label': ...}}, but got {sorted(row)}.")
+        label = row["label"]
+        if not isinstance(label, (str, int)) or isinstance(label, bool):
+            raise DatasetError(f"Dataset {where}: expected the label to be a str or int, but got {label!r}.")
+        out.append(LabelledText(row["text"], str(label), where))
     return out
 
 
