@@ -14,6 +14,7 @@ Install with ``pip install "pcd[ray]"``.
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from pcd_engine.errors import InputError, OptionError, require
@@ -141,8 +142,7 @@ def tag_dataset(
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise OptionError(f"tag_dataset {name}: expected a positive integer, but got {value!r}.")
-    compiled = compile_schema(schema)
-    compiled = Schema(compiled.title, compiled.description, compiled.fields, None, compiled.fingerprint)
+    compiled = replace(compile_schema(schema), model=None)  # actors need the fields, not the user's class
     call = ExtractOptions.parse(options)
     known = ds.schema(fetch_if_missing=False)
     if known is not None:
@@ -193,24 +193,14 @@ def ray_parts(
     Ray must be initialized (``ray.init``) by the caller. The other arguments are :func:`tag_dataset`'s."""
 
     def run(docs: Sequence[CorpusDocument]) -> Iterator[pa.Table]:
-        unreadable = [d for d in docs if d.error is not None]
-        if unreadable:
-            yield tag_table(
-                schema,
-                [f"InputError: {d.error}" for d in unreadable],
-                leading={"id": pa.array([d.id for d in unreadable], type=pa.string())},
-            )
-        readable = [d for d in docs if d.error is None]
-        if not readable:
-            return
         blocks = [
             pa.table(
                 {
-                    "id": pa.array([d.id for d in readable[i : i + part_size]], type=pa.string()),
-                    "text": pa.array([d.text for d in readable[i : i + part_size]], type=pa.string()),
+                    "id": pa.array([d.id for d in docs[i : i + part_size]], type=pa.string()),
+                    "text": pa.array([d.text for d in docs[i : i + part_size]], type=pa.string()),
                 }
             )
-            for i in range(0, len(readable), part_size)
+            for i in range(0, len(docs), part_size)
         ]
         tagged = tag_dataset(
             ray.data.from_arrow(blocks),

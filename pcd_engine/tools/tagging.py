@@ -19,6 +19,7 @@ decoding error) becomes an error row and the job goes on.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -59,7 +60,8 @@ JOB_KEY = b"pcd.tag"
 """The Parquet metadata key of an output's job description."""
 
 Runner = Callable[[Sequence[CorpusDocument]], Iterator[Any]]
-"""Tags documents: takes the documents still to do, yields pyarrow tables of finished rows (``id`` first)."""
+"""Tags documents: takes the readable documents still to do (:attr:`CorpusDocument.error` unset; the job writes the
+error rows of the others itself), yields pyarrow tables of finished rows (``id`` first)."""
 
 
 @dataclass(frozen=True)
@@ -286,23 +288,11 @@ def engine_parts(
     def run(docs: Sequence[CorpusDocument]) -> Iterator[Any]:
         for first in range(0, len(docs), part_size):
             part = docs[first : first + part_size]
-            readable = [d for d in part if d.error is None]
-            outcomes = dict(
-                zip(
-                    [d.id for d in readable],
-                    tag_outcomes(
-                        engine,
-                        schema,
-                        [d.text for d in readable],
-                        ids=[d.id for d in readable],
-                        options=options,
-                        batch_size=batch_size,
-                    ),
-                    strict=True,
-                )
+            ids = [d.id for d in part]
+            outcomes = tag_outcomes(
+                engine, schema, [d.text for d in part], ids=ids, options=options, batch_size=batch_size
             )
-            rows = [outcomes.get(d.id, f"InputError: {d.error}") for d in part]
-            yield tag_table(schema, rows, leading={"id": _ids([d.id for d in part])}, columns=columns)
+            yield tag_table(schema, outcomes, leading={"id": _ids(ids)}, columns=columns)
 
     return run
 
@@ -385,7 +375,11 @@ def run_tag_job(
         bar = tqdm(total=len(docs), initial=skipped, unit="doc", file=sys.stderr, disable=quiet, dynamic_ncols=True)
         tagged = 0
         try:
-            for table in runner(todo) if todo else ():
+            unreadable = [d for d in todo if d.error is not None]
+            readable = [d for d in todo if d.error is None]
+            errors = [f"InputError: {d.error}" for d in unreadable]
+            first = [tag_table(schema, errors, leading={"id": _ids([d.id for d in unreadable])}, columns=columns)]
+            for table in itertools.chain(first, runner(readable) if readable else ()):
                 if table.num_rows == 0:
                     continue
                 store.write_part(table.select(empty.column_names).cast(empty.schema))
