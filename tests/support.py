@@ -592,3 +592,16 @@ def seen_options(engine: Any, monkeypatch: Any) -> list[Any]:
 
         monkeypatch.setattr(engine, name, spy)
     return seen
+
+
+BBC_SCHEMA = {
+    "title": "Article",
+    "type": "object",
+    "properties": {
+        "category": {"enum": ["business", "entertainment", "politics", "sports", "tech"]},
+        "tone": {"enum": ["positive", "neutral", "negative"]},
+        "mentions_money": {"type": "boolean", "description": "The article talks about money, prices or costs"},
+    },
+    "required": ["category", "tone", "mentions_money"],
+}
+"""The JSON Schema the real-model tests tag BBC News leads with."""

@@ -56,17 +56,22 @@ def mlx_engine(smol_path):
     return Engine.load(backend="mlx")
 
 
+# customs_255 is left out on MLX: its 4,000-token schema prompt alone takes MLX on CPU over a minute to prefill
+# (PyTorch: 15 s), and the 255-label tries are covered here by catalogue_255, the multi-token ones by the tiny twins.
+MLX_PRESETS = [name for name in EXAMPLE_PRESETS if name != "customs_255"]
+
+
 @pytest.mark.real_model
-def test_smollm2_agrees_on_every_example_preset(default_engine, mlx_engine, record_property):
+def test_smollm2_agrees_on_the_example_presets(mlx_engine, smol_alone, record_property):
     """The embedded SmolLM2 on both backends: identical decisions on at least 99% of all fields."""
     assert mlx_engine.backend.name == "mlx" and mlx_engine.backend.scorer == "packed"
     same = total = 0
-    for name in EXAMPLE_PRESETS:
+    for name in MLX_PRESETS:
         preset = example_preset(name)
-        torch_out = default_engine.extract(preset.context, preset.schema)
+        torch_out = smol_alone(preset.context, preset.schema)
         mlx_out = mlx_engine.extract(preset.context, preset.schema)
         total += len(torch_out.values)
         same += sum(mlx_out.values[k] == v for k, v in torch_out.values.items())
     record_property("identical_fields", f"{same}/{total}")
-    assert total == sum(len(example_preset(name).schema.fields) for name in EXAMPLE_PRESETS)
+    assert total == sum(len(example_preset(name).schema.fields) for name in MLX_PRESETS)
     assert same >= 0.99 * total, f"only {same}/{total} fields agree"

@@ -3,11 +3,8 @@ document decided alone, on every tiny architecture on both backends, with the pa
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import pytest
-from pydantic import BaseModel
 
 from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
@@ -16,7 +13,7 @@ from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.planner import plan_passes
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.check import PROBE, PROBE_TEXT
-from tests.support import both_backends, tiny_backend
+from tests.support import BBC_SCHEMA, both_backends, tiny_backend
 
 TEXTS = [
     "Short one.",
@@ -227,18 +224,10 @@ def test_collector_refuses_bad_input_at_once(tiny_engine):
 # ------------------------------------------------------------------------------------------------ the real model
 
 
-class NewsTags(BaseModel):
-    topic: Literal["business", "entertainment", "politics", "sport", "tech"]
-    tone: Literal["positive", "neutral", "negative"]
-    opinion: bool
-    region: Literal["UK", "US", "Europe", "Asia", "global"]
-
-
 @pytest.mark.real_model
-def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine):
+def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine, smol_alone, bbc_leads):
     """On the embedded model: every example preset (closed, anchored, 255 labels, open fields) over four texts,
-    and 64 BBC News articles in batches of 16: decisions identical, probabilities within 1e-4."""
-    from pcd_engine.tools.datasets import load_dataset
+    and 64 BBC News leads in batches of 16: decisions identical, probabilities within 1e-4."""
     from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
     for name in EXAMPLE_PRESETS:
@@ -246,9 +235,8 @@ def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine):
         texts = [preset.context, f"Note: {preset.context}", f"{preset.context} Thanks.", "Hi."]
         batched = default_engine.extract_many(texts, preset.schema, batch_size=4)
         for text, got in zip(texts, batched, strict=True):
-            assert_same(default_engine.extract(text, preset.schema), got)
+            assert_same(smol_alone(text, preset.schema), got)
         assert max(n for r in batched for n in r.stats.documents_per_pass) > 1, name
-    articles = [d.text[:800] for d in load_dataset("bbc-news", limit=64, seed=1)]
-    batched = default_engine.extract_many(articles, NewsTags, batch_size=16)
-    for text, got in zip(articles, batched, strict=True):
-        assert_same(default_engine.extract(text, NewsTags), got)
+    batched = default_engine.extract_many(bbc_leads[:64], BBC_SCHEMA, batch_size=16)
+    for text, got in zip(bbc_leads[:64], batched, strict=True):
+        assert_same(smol_alone(text, BBC_SCHEMA), got)

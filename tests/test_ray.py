@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-from dataclasses import replace
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,6 +24,7 @@ from pcd_engine.schema import compile_schema
 from pcd_engine.tools.cli import main
 from pcd_engine.tools.tag_table import row_values
 from pcd_integrations.ray import tag_dataset
+from tests.support import BBC_SCHEMA
 from tests.test_tag import OPTIONS, SCHEMA, assert_rows_match, texts, write_jsonl
 
 pytestmark = pytest.mark.slow
@@ -131,32 +131,21 @@ def test_pcd_tag_on_ray_writes_what_it_writes_in_process(cluster, tiny_folder, t
 
 # ------------------------------------------------------------------------------------------------ real model
 
-BBC_SCHEMA = {
-    "title": "Article",
-    "type": "object",
-    "properties": {
-        "category": {"enum": ["business", "entertainment", "politics", "sports", "tech"]},
-        "mentions_money": {"type": "boolean", "description": "The article talks about money, prices or costs"},
-    },
-    "required": ["category", "mentions_money"],
-}
-
 
 @pytest.mark.real_model
-def test_200_bbc_articles_in_process_and_on_ray_equal_extract_row_for_row(cluster, default_engine, tmp_path):
-    from pcd_engine.tools.datasets import load_dataset
+def test_200_bbc_articles_in_process_and_on_ray_equal_extract_row_for_row(
+    cluster, default_engine, smol_alone, bbc_leads, tmp_path
+):
     from pcd_engine.tools.tagging import tag_corpus
 
-    # The leads (first 300 characters) keep the three runs of 200 documents to a few minutes on 2 CPU cores.
-    articles = [replace(a, text=a.text[:300]) for a in load_dataset("bbc-news", limit=200, seed=0)]
-    source = write_jsonl(tmp_path / "bbc.jsonl", [{"text": a.text, "doc": f"n{i}"} for i, a in enumerate(articles)])
-    expected = {f"n{i}": default_engine.extract(a.text, BBC_SCHEMA) for i, a in enumerate(articles)}
+    source = write_jsonl(tmp_path / "bbc.jsonl", [{"text": t, "doc": f"n{i}"} for i, t in enumerate(bbc_leads)])
+    expected = {f"n{i}": smol_alone(t, BBC_SCHEMA) for i, t in enumerate(bbc_leads)}
     out = tmp_path / "bbc.parquet"
     summary = tag_corpus(source, BBC_SCHEMA, out, engine=default_engine, id_column="doc")
     assert (summary.documents, summary.errors) == (200, 0)
     assert_rows_match(pq.read_table(out).to_pylist(), expected, schema=BBC_SCHEMA)
 
-    table = pa.table({"doc": list(expected), "text": [a.text for a in articles]})
+    table = pa.table({"doc": list(expected), "text": bbc_leads})
     tagged = tag_dataset(blocks(table, 25), BBC_SCHEMA, batch_size=25, concurrency=2, id_column="doc")
     rows = by_id(tagged.take_all())
     assert_rows_match([{**r, "id": r["doc"]} for r in rows], expected, schema=BBC_SCHEMA)
