@@ -153,15 +153,18 @@ def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
     """Keys that mlx-lm needs but a config.json written by transformers 5 keeps elsewhere.
 
     transformers 5 nests RoPE settings under ``rope_parameters`` (per layer type for Gemma 3) and describes
-    sliding layers with ``layer_types``; mlx-lm 0.32 reads ``rope_theta``, ``rope_scaling``,
-    ``rope_local_base_freq`` and ``sliding_window_pattern`` at the top level and otherwise silently falls back to
-    its own defaults (Qwen2's is 1e6 where transformers' is 1e4), which changes every logit.
+    sliding and linear-attention layers with ``layer_types``; mlx-lm 0.32 reads ``rope_theta``, ``rope_scaling``,
+    ``rope_local_base_freq``, ``sliding_window_pattern`` and ``full_attention_interval`` at the top level and
+    otherwise silently falls back to its own defaults (Qwen2's is 1e6 where transformers' is 1e4), which changes
+    every logit. LFM2 needs ``block_dim`` (transformers: ``hidden_size``), and a text-only Qwen3.5 folder
+    (``qwen3_5_text``) loads as mlx-lm's ``qwen3_5``, which takes a bare text config.
 
     Args:
         config: The parsed config.json.
 
     Returns:
-        The top-level keys to add; keys already present are never overridden.
+        The top-level keys to add; keys already present are never overridden, except a ``model_type`` that
+        mlx-lm names differently.
     """
     out: dict[str, Any] = {}
     params = config.get("rope_parameters") or {}
@@ -175,11 +178,31 @@ def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
     if local.get("rope_theta") is not None:
         out["rope_local_base_freq"] = local["rope_theta"]
     types = config.get("layer_types") or []
-    if "full_attention" in types and "sliding_attention" in types:
-        period = types.index("full_attention") + 1
-        if all((t == "full_attention") == (i % period == period - 1) for i, t in enumerate(types)):
-            out["sliding_window_pattern"] = period
-    return {k: v for k, v in out.items() if k not in config}
+    period = _full_attention_period(types)
+    if period and "sliding_attention" in types:
+        out["sliding_window_pattern"] = period
+    if period and "linear_attention" in types:
+        out["full_attention_interval"] = period
+    if config.get("model_type") == "lfm2" and config.get("hidden_size"):
+        out["block_dim"] = config["hidden_size"]
+    out = {k: v for k, v in out.items() if k not in config}
+    if config.get("model_type") in _MLX_MODEL_TYPES:
+        out["model_type"] = _MLX_MODEL_TYPES[config["model_type"]]
+    return out
+
+
+_MLX_MODEL_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+"""transformers' text-only model types that mlx-lm knows under another name."""
+
+
+def _full_attention_period(types: list[str]) -> int | None:
+    """``k`` when every ``k``-th layer (and only those) is full attention, the form mlx-lm's configs take."""
+    if "full_attention" not in types:
+        return None
+    period = types.index("full_attention") + 1
+    if all((t == "full_attention") == (i % period == period - 1) for i, t in enumerate(types)):
+        return period
+    return None
 
 
 def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str = "torch") -> str:

@@ -1,6 +1,7 @@
 """The backend conformance suite: tree-packed scoring equals scoring each label path alone (fp32, 1e-4).
 
-Each backend's test file subclasses :class:`BackendConformance` and supplies, as fixtures and methods:
+Each backend's test file subclasses :class:`BackendConformance` (or, for a model that can only run the row-broadcast
+fallback, :class:`RowsConformance`) and supplies, as fixtures and methods:
 
 - ``backend``: a backend on a tiny random model, parametrized over the architectures it can build;
 - ``brute_force``: log p of each path token, scoring each path alone with the model's own caches and masks;
@@ -80,8 +81,13 @@ def check_paths(brute_force: Any, wave: Any, context: list[int], logprobs: np.nd
         np.testing.assert_allclose(logprobs[list(path.nodes)], expected, atol=1e-4, rtol=0)
 
 
-class BackendConformance:
-    """Tests every backend must pass; see the module docstring for what a subclass provides."""
+PRESET_IDS = ["shared-prefixes", "300-labels"]
+
+
+class RowsConformance:
+    """Tests every scorer must pass, the row-broadcast fallback included; see the module docstring for what a
+    subclass provides. Hybrid models (convolution or recurrent layers, which no tree mask can branch) run only
+    these."""
 
     def brute_force(self, backend: Any, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
         raise NotImplementedError
@@ -89,24 +95,12 @@ class BackendConformance:
     def snapshot(self, prefix: Any) -> Any:
         raise NotImplementedError
 
-    def cache_lengths(self, state: Any) -> list[int]:
-        raise NotImplementedError
-
     @pytest.fixture
-    def rows_backend(self, backend: Any) -> Any:
+    def rows_backend(self) -> Any:
         raise NotImplementedError
 
     def check_against_brute_force(self, backend: Any, wave: Any, context: list[int], logprobs: np.ndarray) -> None:
         check_paths(lambda c, p: self.brute_force(backend, c, p), wave, context, logprobs)
-
-    @pytest.mark.parametrize(
-        "preset", [SHARED_PREFIXES, pytest.param(BIG, marks=pytest.mark.slow)], ids=["shared-prefixes", "300-labels"]
-    )
-    def test_packed_equals_brute_force(self, backend, preset):
-        run = packed_logprobs(backend, preset)
-        assert len(run["passes"]) == 1
-        assert not np.isnan(run["logprobs"]).any()
-        self.check_against_brute_force(backend, run["wave"], run["context"], run["logprobs"])
 
     def check_prefix_untouched(self, backend: Any) -> dict[str, Any]:
         """Score a wave twice from one prefix: the prefix's cache must not change, nor the answers."""
@@ -125,108 +119,14 @@ class BackendConformance:
         assert state.length == len(first["context"])
         return {"state": state, "context": first["context"]}
 
-    def test_prefix_untouched_and_tree_cropped(self, backend):
-        """Requests never write into the shared prefix, and a state holds exactly its causal tokens afterwards."""
-        run = self.check_prefix_untouched(backend)
-        assert set(self.cache_lengths(run["state"])) == {len(run["context"])}
-
     def test_rows_prefix_untouched(self, rows_backend):
         self.check_prefix_untouched(rows_backend)
 
-    def test_sequence_logprobs_equal_brute_force(self, backend):
-        """The plain reference ``pcd check`` compares against: one causal pass, no cache, equals the brute force."""
-        run = packed_logprobs(backend, SHARED_PREFIXES)
-        context = list(run["context"])
-        nodes = list(run["wave"].fields[0].paths[1].nodes)
-        path = [run["wave"].tree.tokens[n] for n in nodes]
-        got = backend.sequence_logprobs(context + path)
-        assert got.shape == (len(context) + len(path) - 1,) and got.dtype == np.float64
-        expected = self.brute_force(backend, context, [path])[0]
-        np.testing.assert_allclose(got[-len(path) :], expected, atol=1e-4, rtol=0)
-        np.testing.assert_allclose(got[-len(path) :], run["logprobs"][nodes], atol=1e-4, rtol=0)
-
-    def test_split_passes_equal_one_pass(self, backend):
-        one = packed_logprobs(backend, SHARED_PREFIXES)
-        split = packed_logprobs(backend, SHARED_PREFIXES, max_nodes=5)
-        assert len(split["passes"]) > 2
-        np.testing.assert_allclose(split["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
-
-    def test_wrong_positions_are_detected(self, backend, monkeypatch):
-        """The check can fail: shifting every tree position by one moves the log-probs well past the tolerance."""
-        good = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
-        shift_tree_positions(monkeypatch)
-        bad = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
-        assert np.abs(bad - good).max() > 1e-3
-
-    def test_second_wave_matches_brute_force(self, backend):
-        """A wave after the anchor: written answers ride as causal tokens in front of the next tree."""
-        tv = TokenizerView(backend.tokenizer)
-        schema = compile_schema(SHARED_PREFIXES)
-        prompt = ChatPrompt.build(tv, schema)
-        ids = prompt.request_ids(tv, TEXT)
-        first = compile_wave(tv, schema.fields[:1], boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
-        tail = prompt.tail_text + field_line("deadline", '"12_HOURS"')
-        second = compile_wave(tv, schema.fields[1:], boundary_text=prompt.boundary_text, tail_text=tail)
-        base = len(ids) - len(first.tail_ids)
-        state = backend.start(backend.prefill(prompt.head_ids))
-        backend.score_tree(
-            state,
-            causal=ids[len(prompt.head_ids) : base + first.causal_len],
-            batch=plan_passes(first.tree, max_nodes=999)[0],
-        )
-        causal = list(second.tail_ids[first.causal_len : second.causal_len])
-        batch = plan_passes(second.tree, max_nodes=999)[0]
-        logprobs = np.zeros(len(second.tree))
-        logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=causal, batch=batch)
-        context = ids[:base] + list(second.tail_ids[: second.causal_len])
-        self.check_against_brute_force(backend, second, context, logprobs)
-
-    def test_rows_fallback_equals_brute_force(self, rows_backend):
+    @pytest.mark.parametrize("preset", [SHARED_PREFIXES, pytest.param(BIG, marks=pytest.mark.slow)], ids=PRESET_IDS)
+    def test_rows_fallback_equals_brute_force(self, rows_backend, preset):
         assert rows_backend.scorer == "rows"
-        run = packed_logprobs(rows_backend, SHARED_PREFIXES)
+        run = packed_logprobs(rows_backend, preset)
         self.check_against_brute_force(rows_backend, run["wave"], run["context"], run["logprobs"])
-
-    def test_rows_fallback_equals_packed(self, backend, rows_backend):
-        packed = Engine(backend, anchor=True).extract(TEXT, SHARED_PREFIXES)
-        fallback = Engine(rows_backend, anchor=True).extract(TEXT, SHARED_PREFIXES)
-        assert fallback.values == packed.values
-        for name in packed.values:
-            assert fallback.fields[name].probability == pytest.approx(packed.fields[name].probability, abs=1e-4)
-        assert any("one row each" in w for w in fallback.warnings)
-
-    def test_engine_one_pass_per_wave(self, backend):
-        engine = Engine(backend, anchor=False)
-        engine.extract(TEXT, SHARED_PREFIXES)  # warm the head cache
-        out = engine.extract(TEXT, SHARED_PREFIXES)
-        assert out.stats.forward_passes == 1
-        assert out.stats.cached_tokens > 0
-        anchored = Engine(backend, anchor=True)
-        anchored.extract(TEXT, SHARED_PREFIXES)
-        assert anchored.extract(TEXT, SHARED_PREFIXES).stats.forward_passes == 2
-
-    def test_batched_documents_equal_one_at_a_time(self, backend):
-        """``extract_many`` on documents of mixed lengths, with waves, a multi-label field and an open field:
-        every answer equals the document decided alone; documents share passes where the backend batches them,
-        and take one pass each where it does not."""
-        schema = {
-            "tone": {"type": "enum", "choices": ["calm", "angry", "sad"]},
-            "refund": {"type": "boolean", "depends_on": ["tone"]},
-            "tags": {"type": "multi", "choices": ["late", "broken", "billing"], "max_items": 2},
-            "summary": {"type": "string", "max_tokens": 3},
-        }
-        texts = ["Short.", TEXT, f"{TEXT} {TEXT}"]
-        engine = Engine(backend, batch_size=8)
-        batched = engine.extract_many(texts, schema)
-        for text, got in zip(texts, batched, strict=True):
-            alone = engine.extract(text, schema)
-            assert got.values == alone.values
-            for name, field in alone.fields.items():
-                if field.probability is not None:
-                    assert got.fields[name].probability == pytest.approx(field.probability, abs=1e-4)
-        shared = {n for r in batched for n in r.stats.documents_per_pass}
-        assert max(shared) > 1 if backend.batches_documents else shared == {1}
-
-    # ------------------------------------------------------------------------------------------ open rows
 
     def scripted_rows(self, backend: Any, scripts: list[list[list[int]]]) -> dict[str, Any]:
         """Grow three rows (two sharing their first prefix token) with a scripted chooser: each row's script is a
@@ -264,14 +164,6 @@ class BackendConformance:
             lps = self.brute_force(backend, list(run["context"]), [prefix + flat])[0][len(prefix) :]
             np.testing.assert_allclose(seen, lps[starts], atol=1e-4, rtol=0)
 
-    def test_packed_rows_equal_brute_force(self, backend):
-        """Rows grown as one tree: each row's distributions equal its own plain causal continuation, a choice of
-        several tokens is one chain in one pass, and the rows take as many passes as the longest row has
-        choices, not the sum."""
-        run = self.scripted_rows(backend, self.SCRIPTS)
-        self.check_rows(backend, run)
-        assert run["passes"] == max(len(s) for s in self.SCRIPTS)
-
     def test_rows_fallback_rows_equal_brute_force(self, rows_backend):
         """The broadcast fallback extends the state by the causal tokens (one pass), then feeds one token per row
         per pass, prefixes first."""
@@ -279,6 +171,139 @@ class BackendConformance:
         self.check_rows(rows_backend, run)
         steps = max(len(p) + sum(map(len, s)) - 1 for p, s in zip(run["prefixes"], self.SCRIPTS, strict=True))
         assert run["passes"] == 1 + steps
+
+    def check_sequence_logprobs(self, backend: Any) -> None:
+        """The plain reference ``pcd check`` compares against: one causal pass, no cache, equals the brute force."""
+        run = packed_logprobs(backend, SHARED_PREFIXES)
+        context = list(run["context"])
+        nodes = list(run["wave"].fields[0].paths[1].nodes)
+        path = [run["wave"].tree.tokens[n] for n in nodes]
+        got = backend.sequence_logprobs(context + path)
+        assert got.shape == (len(context) + len(path) - 1,) and got.dtype == np.float64
+        expected = self.brute_force(backend, context, [path])[0]
+        np.testing.assert_allclose(got[-len(path) :], expected, atol=1e-4, rtol=0)
+        np.testing.assert_allclose(got[-len(path) :], run["logprobs"][nodes], atol=1e-4, rtol=0)
+
+    def test_rows_sequence_logprobs_equal_brute_force(self, rows_backend):
+        self.check_sequence_logprobs(rows_backend)
+
+    def check_second_wave(self, backend: Any) -> None:
+        """A wave after the anchor: written answers ride as causal tokens in front of the next tree."""
+        tv = TokenizerView(backend.tokenizer)
+        schema = compile_schema(SHARED_PREFIXES)
+        prompt = ChatPrompt.build(tv, schema)
+        ids = prompt.request_ids(tv, TEXT)
+        first = compile_wave(tv, schema.fields[:1], boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+        tail = prompt.tail_text + field_line("deadline", '"12_HOURS"')
+        second = compile_wave(tv, schema.fields[1:], boundary_text=prompt.boundary_text, tail_text=tail)
+        base = len(ids) - len(first.tail_ids)
+        state = backend.start(backend.prefill(prompt.head_ids))
+        backend.score_tree(
+            state,
+            causal=ids[len(prompt.head_ids) : base + first.causal_len],
+            batch=plan_passes(first.tree, max_nodes=999)[0],
+        )
+        causal = list(second.tail_ids[first.causal_len : second.causal_len])
+        batch = plan_passes(second.tree, max_nodes=999)[0]
+        logprobs = np.zeros(len(second.tree))
+        logprobs[list(batch.query_nodes)] = backend.score_tree(state, causal=causal, batch=batch)
+        context = ids[:base] + list(second.tail_ids[: second.causal_len])
+        self.check_against_brute_force(backend, second, context, logprobs)
+
+    def test_rows_second_wave_matches_brute_force(self, rows_backend):
+        self.check_second_wave(rows_backend)
+
+    def check_documents(self, backend: Any) -> None:
+        """``extract_many`` on documents of mixed lengths, with waves, a multi-label field and an open field:
+        every answer equals the document decided alone; documents share passes where the backend batches them,
+        and take one pass each where it does not."""
+        schema = {
+            "tone": {"type": "enum", "choices": ["calm", "angry", "sad"]},
+            "refund": {"type": "boolean", "depends_on": ["tone"]},
+            "tags": {"type": "multi", "choices": ["late", "broken", "billing"], "max_items": 2},
+            "summary": {"type": "string", "max_tokens": 3},
+        }
+        texts = ["Short.", TEXT, f"{TEXT} {TEXT}"]
+        engine = Engine(backend, batch_size=8)
+        batched = engine.extract_many(texts, schema)
+        for text, got in zip(texts, batched, strict=True):
+            alone = engine.extract(text, schema)
+            assert got.values == alone.values
+            for name, field in alone.fields.items():
+                if field.probability is not None:
+                    assert got.fields[name].probability == pytest.approx(field.probability, abs=1e-4)
+        shared = {n for r in batched for n in r.stats.documents_per_pass}
+        assert max(shared) > 1 if backend.batches_documents else shared == {1}
+
+    def test_rows_documents_equal_one_at_a_time(self, rows_backend):
+        self.check_documents(rows_backend)
+
+
+class BackendConformance(RowsConformance):
+    """Tests of the tree-packed scorer on top of :class:`RowsConformance`; see the module docstring."""
+
+    def cache_lengths(self, state: Any) -> list[int]:
+        raise NotImplementedError
+
+    @pytest.mark.parametrize("preset", [SHARED_PREFIXES, pytest.param(BIG, marks=pytest.mark.slow)], ids=PRESET_IDS)
+    def test_packed_equals_brute_force(self, backend, preset):
+        run = packed_logprobs(backend, preset)
+        assert len(run["passes"]) == 1
+        assert not np.isnan(run["logprobs"]).any()
+        self.check_against_brute_force(backend, run["wave"], run["context"], run["logprobs"])
+
+    def test_sequence_logprobs_equal_brute_force(self, backend):
+        self.check_sequence_logprobs(backend)
+
+    def test_second_wave_matches_brute_force(self, backend):
+        self.check_second_wave(backend)
+
+    def test_batched_documents_equal_one_at_a_time(self, backend):
+        self.check_documents(backend)
+
+    def test_prefix_untouched_and_tree_cropped(self, backend):
+        """Requests never write into the shared prefix, and a state holds exactly its causal tokens afterwards."""
+        run = self.check_prefix_untouched(backend)
+        assert set(self.cache_lengths(run["state"])) == {len(run["context"])}
+
+    def test_split_passes_equal_one_pass(self, backend):
+        one = packed_logprobs(backend, SHARED_PREFIXES)
+        split = packed_logprobs(backend, SHARED_PREFIXES, max_nodes=5)
+        assert len(split["passes"]) > 2
+        np.testing.assert_allclose(split["logprobs"], one["logprobs"], atol=1e-4, rtol=0)
+
+    def test_wrong_positions_are_detected(self, backend, monkeypatch):
+        """The check can fail: shifting every tree position by one moves the log-probs well past the tolerance."""
+        good = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
+        shift_tree_positions(monkeypatch)
+        bad = packed_logprobs(backend, SHARED_PREFIXES)["logprobs"]
+        assert np.abs(bad - good).max() > 1e-3
+
+    def test_rows_fallback_equals_packed(self, backend, rows_backend):
+        packed = Engine(backend, anchor=True).extract(TEXT, SHARED_PREFIXES)
+        fallback = Engine(rows_backend, anchor=True).extract(TEXT, SHARED_PREFIXES)
+        assert fallback.values == packed.values
+        for name in packed.values:
+            assert fallback.fields[name].probability == pytest.approx(packed.fields[name].probability, abs=1e-4)
+        assert any("one row each" in w for w in fallback.warnings)
+
+    def test_engine_one_pass_per_wave(self, backend):
+        engine = Engine(backend, anchor=False)
+        engine.extract(TEXT, SHARED_PREFIXES)  # warm the head cache
+        out = engine.extract(TEXT, SHARED_PREFIXES)
+        assert out.stats.forward_passes == 1
+        assert out.stats.cached_tokens > 0
+        anchored = Engine(backend, anchor=True)
+        anchored.extract(TEXT, SHARED_PREFIXES)
+        assert anchored.extract(TEXT, SHARED_PREFIXES).stats.forward_passes == 2
+
+    def test_packed_rows_equal_brute_force(self, backend):
+        """Rows grown as one tree: each row's distributions equal its own plain causal continuation, a choice of
+        several tokens is one chain in one pass, and the rows take as many passes as the longest row has
+        choices, not the sum."""
+        run = self.scripted_rows(backend, self.SCRIPTS)
+        self.check_rows(backend, run)
+        assert run["passes"] == max(len(s) for s in self.SCRIPTS)
 
     def test_wrong_row_positions_are_detected(self, backend, monkeypatch):
         """The rows check can fail: shifted positions move the generated distributions past the tolerance."""

@@ -45,6 +45,9 @@ def template_tokenizer(name: str) -> Any:
 # ------------------------------------------------------------------------------------------ tiny random models
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
+HYBRID_ARCHS = ["lfm2", "qwen3_5"]
+"""Architectures with convolution or linear-attention (recurrent) layers: no tree mask can branch their state, so
+they run the row-broadcast fallback."""
 
 
 def tiny_model(arch: str, vocab_size: int, *, seed: int = 0) -> Any:
@@ -83,6 +86,20 @@ def tiny_model(arch: str, vocab_size: int, *, seed: int = 0) -> Any:
             head_dim=16,
             sliding_window=16,
             layer_types=["sliding_attention", "full_attention"],
+            **common,
+        )
+    elif arch == "lfm2":
+        # One short-convolution layer, then one attention layer.
+        config = tf.Lfm2Config(layer_types=["conv", "full_attention"], **common)
+    elif arch == "qwen3_5":
+        # One gated-delta-rule (linear attention) layer, then one gated attention layer.
+        config = tf.Qwen3_5TextConfig(
+            head_dim=16,
+            layer_types=["linear_attention", "full_attention"],
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
             **common,
         )
     else:
@@ -481,6 +498,18 @@ def greedy_constrained(lm, tokenizer, context_text, schema, limit, *, ids=None):
         assert matcher.consume_token(best)
         out.append(best)
     return out, matcher.is_stopped(), choices
+
+
+def torch_cache_tensors(cache: Any) -> list[np.ndarray]:
+    """Copies of every tensor a transformers cache holds: attention keys and values, convolution and recurrent
+    states."""
+    out = []
+    for layer in cache.layers:
+        tensors = [getattr(layer, "keys", None), getattr(layer, "values", None)]
+        for states in ("conv_states", "recurrent_states"):
+            tensors += list(getattr(layer, states, {}).values())
+        out += [t.detach().clone().numpy() for t in tensors if t is not None]
+    return out
 
 
 def torch_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:

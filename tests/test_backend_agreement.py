@@ -15,14 +15,15 @@ from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import BIG, SHARED_PREFIXES, TEXT, packed_logprobs
-from tests.support import load_mlx_twin, mlx_available, save_tiny, tiny_model
+from tests.support import HYBRID_ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
 
 pytestmark = [
     pytest.mark.mlx,
     pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')"),
 ]
 
-AGREEMENT_ARCHS = ["llama", "qwen2", "qwen3", "gemma3"]
+# The hybrids check that their folders load into mlx-lm with the same model (config keys mapped right).
+AGREEMENT_ARCHS = ["llama", "qwen2", "qwen3", "gemma3", *HYBRID_ARCHS]
 
 
 @pytest.fixture(scope="module", params=AGREEMENT_ARCHS)

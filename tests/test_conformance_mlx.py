@@ -3,8 +3,9 @@
 Each tiny random architecture is built in PyTorch, written once as a transformers folder and loaded with
 ``mlx_lm.load`` (fp32): llama, qwen2, qwen3, gemma2 and gemma3 text with a sliding window shorter than the
 prompt (mlx-lm's own cache for its sliding layers is a ``RotatingKVCache``; the brute force uses it). The brute
-force runs a second, unwrapped copy of the model the way mlx-lm runs it by itself. A tiny LFM2 (recurrent
-``ArraysCache`` layers) checks that hybrid models fall back to row broadcast and still equal the brute force.
+force runs a second, unwrapped copy of the model the way mlx-lm runs it by itself. Tiny LFM2 and Qwen3.5 folders
+(recurrent ``ArraysCache`` layers) check that hybrid models load unedited, fall back to row broadcast and still
+equal the brute force.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.conformance import SHARED_PREFIXES, TEXT, BackendConformance, check_paths, packed_logprobs
-from tests.support import ARCHS, load_mlx_twin, mlx_available, mlx_brute_force, save_tiny, tiny_model
+from pcd_engine.errors import OptionError
+from tests.conformance import SHARED_PREFIXES, TEXT, BackendConformance, RowsConformance
+from tests.support import ARCHS, HYBRID_ARCHS, load_mlx_twin, mlx_available, mlx_brute_force, save_tiny, tiny_model
 
 pytestmark = [
     pytest.mark.mlx,
@@ -58,48 +60,36 @@ class TestMLXConformance(BackendConformance):
         return [layer.keys.shape[2] for layer in state.cache]
 
 
-def test_hybrid_recurrent_model_falls_back_to_rows(smol_tokenizer):
-    """LFM2 mixes convolution (ArraysCache) and attention layers: no tree mask can branch its state."""
-    import mlx.core as mx
-    from mlx_lm.models import lfm2
+@pytest.fixture(scope="module", params=HYBRID_ARCHS)
+def mlx_hybrid_pair(request, smol_tokenizer, tmp_path_factory):
+    """A hybrid model written by transformers and loaded with mlx-lm as it is (no hand-edited config)."""
+    model = tiny_model(request.param, len(smol_tokenizer))
+    return load_mlx_twin(save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("h")), smol_tokenizer)
 
-    from pcd_engine import Engine
-    from pcd_engine.backends.mlx import MLXBackend
 
-    args = lfm2.ModelArgs(
-        model_type="lfm2",
-        vocab_size=len(smol_tokenizer),
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        norm_eps=1e-5,
-        conv_bias=False,
-        conv_L_cache=3,
-        block_dim=64,
-        block_ff_dim=128,
-        block_multiple_of=16,
-        block_ffn_dim_multiplier=1.0,
-        block_auto_adjust_ff_dim=False,
-        full_attn_idxs=[1],
-        rope_theta=10000.0,
-    )
-    mx.random.seed(0)
-    model = lfm2.Model(args)
-    mx.eval(model.parameters())
-    backend = MLXBackend(model, smol_tokenizer)
-    assert backend.scorer == "rows"
-    run = packed_logprobs(backend, SHARED_PREFIXES)
-    check_paths(lambda c, p: mlx_brute_force(model, c, p), run["wave"], run["context"], run["logprobs"])
-    out = Engine(backend).extract(TEXT, SHARED_PREFIXES)
-    assert set(out.values) == set(SHARED_PREFIXES)
-    # Open rows on a recurrent cache: broadcast rows, no padding, each equal to its own causal continuation.
-    suite = TestMLXConformance()
-    suite._plain = model
-    run = suite.scripted_rows(backend, suite.SCRIPTS)
-    suite.check_rows(backend, run)
-    mixed = Engine(backend, max_tokens=6).extract(TEXT, {**SHARED_PREFIXES, "note": {"type": "string"}})
-    assert isinstance(mixed.values["note"], str) and mixed.fields["note"].source == "generated"
-    with pytest.raises(Exception, match="Scorer 'packed'"):
-        MLXBackend(model, smol_tokenizer, scorer="packed")
+class TestMLXHybridConformance(RowsConformance):
+    """LFM2 (convolution) and Qwen3.5 (gated delta rule) keep ``ArraysCache`` states: no tree mask can branch
+    them, so the backend falls back to row broadcast and must still equal the brute force."""
+
+    @pytest.fixture
+    def rows_backend(self, mlx_hybrid_pair):
+        assert mlx_hybrid_pair[0].scorer == "rows"  # picked by scorer="auto"
+        return mlx_hybrid_pair[0]
+
+    @pytest.fixture(autouse=True)
+    def _plain_model(self, mlx_hybrid_pair):
+        self._plain = mlx_hybrid_pair[1]
+
+    def brute_force(self, backend, context, paths):
+        return mlx_brute_force(self._plain, context, paths)
+
+    snapshot = TestMLXConformance.snapshot
+
+    def test_open_field_is_generated_and_packed_is_refused(self, rows_backend):
+        from pcd_engine import Engine
+        from pcd_engine.backends.mlx import MLXBackend
+
+        mixed = Engine(rows_backend, max_tokens=6).extract(TEXT, {**SHARED_PREFIXES, "note": {"type": "string"}})
+        assert isinstance(mixed.values["note"], str) and mixed.fields["note"].source == "generated"
+        with pytest.raises(OptionError, match="Scorer 'packed'"):
+            MLXBackend(rows_backend.model, rows_backend.tokenizer, scorer="packed")

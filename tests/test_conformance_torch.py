@@ -1,7 +1,8 @@
 """The conformance suite (tests/conformance.py) on the PyTorch backend.
 
 Run per tiny random architecture: llama, qwen2, qwen3, gemma2 (logit soft-caps) and gemma3 with a sliding window
-shorter than the prompt.
+shorter than the prompt. The hybrid architectures, LFM2 (short convolutions) and Qwen3.5 (gated delta rule linear
+attention), run the row-broadcast part of the suite: their caches hold states that no tree mask can branch.
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import pytest
 
 from pcd_engine.backends.torch import TorchBackend
-from tests.conformance import BackendConformance
-from tests.support import ARCHS, tiny_model, torch_brute_force
+from pcd_engine.errors import OptionError
+from tests.conformance import BackendConformance, RowsConformance
+from tests.support import ARCHS, HYBRID_ARCHS, tiny_model, torch_brute_force, torch_cache_tensors
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -31,7 +33,32 @@ class TestTorchConformance(BackendConformance):
         return torch_brute_force(backend.model, context, paths)
 
     def snapshot(self, prefix):
-        return [t.clone().numpy() for layer in prefix.cache.layers for t in (layer.keys, layer.values)]
+        return torch_cache_tensors(prefix.cache)
 
     def cache_lengths(self, state):
         return [layer.keys.shape[-2] for layer in state.cache.layers]
+
+
+@pytest.fixture(scope="module", params=HYBRID_ARCHS)
+def hybrid_backend(request, smol_tokenizer):
+    return TorchBackend(tiny_model(request.param, len(smol_tokenizer)), smol_tokenizer)
+
+
+class TestTorchHybridConformance(RowsConformance):
+    @pytest.fixture
+    def rows_backend(self, hybrid_backend):
+        assert hybrid_backend.scorer == "rows"  # picked by scorer="auto"
+        return hybrid_backend
+
+    def brute_force(self, backend, context, paths):
+        return torch_brute_force(backend.model, context, paths)
+
+    def snapshot(self, prefix):
+        tensors = torch_cache_tensors(prefix.cache)
+        assert len(tensors) > 2  # the convolution or recurrent states are in it, not only one layer's keys
+        return tensors
+
+
+def test_hybrid_model_refuses_the_packed_scorer(hybrid_backend):
+    with pytest.raises(OptionError, match="Scorer 'packed'"):
+        TorchBackend(hybrid_backend.model, hybrid_backend.tokenizer, scorer="packed")

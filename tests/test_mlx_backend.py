@@ -53,6 +53,12 @@ def test_config_overrides_for_transformers5_folders():
     assert mlx_config_overrides(gemma3) == {"rope_theta": 1e6, "rope_local_base_freq": 1e4, "sliding_window_pattern": 6}
     irregular = {"layer_types": ["sliding_attention", "full_attention", "full_attention"]}
     assert "sliding_window_pattern" not in mlx_config_overrides(irregular)
+    lfm2 = {"model_type": "lfm2", "hidden_size": 64, "layer_types": ["conv", "full_attention"]}
+    assert mlx_config_overrides(lfm2) == {"block_dim": 64}
+    qwen35 = {"model_type": "qwen3_5_text", "layer_types": ["linear_attention"] * 3 + ["full_attention"]}
+    assert mlx_config_overrides(qwen35) == {"full_attention_interval": 4, "model_type": "qwen3_5"}
+    full_first = {"layer_types": ["full_attention", "linear_attention"]}
+    assert "full_attention_interval" not in mlx_config_overrides(full_first)
 
 
 @needs_mlx

@@ -436,9 +436,7 @@ class TorchBackend(Backend):
                 for g, chain in enumerate(group):
                     inputs[g, : len(chain)] = torch.tensor([batch.tokens[c] for c in chain], device=self._device)
                     attn[g, state.length : state.length + len(chain)] = 1
-                rows_cache = copy.deepcopy(state.cache)
-                if rows_cache is not None:
-                    rows_cache.batch_repeat_interleave(len(group))
+                rows_cache = self._repeated(state.cache, len(group))
                 logits = self.model(
                     input_ids=inputs, attention_mask=attn, **{self._cache_kw: rows_cache}, use_cache=True
                 ).logits.float()
@@ -462,9 +460,21 @@ class TorchBackend(Backend):
             from transformers import DynamicCache
 
             return DynamicCache(config=self.model.config)
-        cache = copy.deepcopy(state.cache)
-        cache.batch_repeat_interleave(rows)
-        return cache
+        return self._repeated(state.cache, rows)
+
+    def _repeated(self, cache: Any, rows: int) -> Any:
+        """A copy of a one-row cache repeated over ``rows`` batch rows (``None`` stays ``None``).
+
+        Every cache layer class can reorder its batch for beam search, recurrent and convolution states
+        (LFM2, Qwen3.5) included, while only attention layers can ``batch_repeat_interleave``; selecting row 0
+        ``rows`` times is that repeat for all of them.
+        """
+        if cache is None:
+            return None
+        torch = _torch()
+        repeated = copy.deepcopy(cache)
+        repeated.reorder_cache(torch.zeros(rows, dtype=torch.long, device=self._device))
+        return repeated
 
     @serialized
     def _rows_step(self, cache: Any, tokens: list[int]) -> np.ndarray:
