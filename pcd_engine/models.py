@@ -27,6 +27,8 @@ __all__ = [
     "ModelAlias",
     "cache_dir",
     "default_model_path",
+    "hub_offline",
+    "in_hub_cache",
     "mlx_config_overrides",
     "resolve_model",
 ]
@@ -217,7 +219,9 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
         A local folder path or a repo id.
 
     Raises:
-        ModelLoadError: If a path-like name does not exist.
+        ModelLoadError: If a path-like name does not exist, or if the Hugging Face Hub is offline
+            (``HF_HUB_OFFLINE``) and the repo is not in the local cache: then at once, with the command that
+            downloads it, rather than after transformers' retries.
     """
     if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
         return str(default_model_path())
@@ -226,15 +230,39 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
         return name
     alias = ALIASES.get(name.lower())
     if alias is not None:
-        return (alias.mlx or alias.torch) if backend == "mlx" else alias.torch
-    if name.startswith((".", "/", "~")) or os.sep in name.strip("/") and name.count("/") > 1:
+        repo = (alias.mlx or alias.torch) if backend == "mlx" else alias.torch
+    elif name.startswith((".", "/", "~")) or os.sep in name.strip("/") and name.count("/") > 1:
         raise ModelLoadError(
             f"Model {name!r}: expected an existing folder, an alias ({', '.join(ALIASES)}) or a repo id, but the "
             "folder does not exist."
         )
-    if "/" not in name:
+    elif "/" not in name:
         raise ModelLoadError(
             f"Model {name!r}: expected an alias ({', '.join(ALIASES)}), a local folder or an 'org/name' repo id, "
             "but got none of those."
         )
-    return name
+    else:
+        repo = name
+    if hub_offline() and not in_hub_cache(repo):
+        raise ModelLoadError(
+            f"Model {name!r}: expected {repo!r} in the local Hugging Face cache, but it is not there and the Hub is "
+            f"offline (HF_HUB_OFFLINE is set). Download it where the Hub is reachable with: hf download {repo} "
+            "(then copy the cache, or pass --local-dir DIR and load that folder), or pass a local model folder "
+            "instead: Engine.load('/path/to/folder') or pcd ... --model /path/to/folder."
+        )
+    return repo
+
+
+def hub_offline() -> bool:
+    """Whether the Hugging Face Hub is known to be unreachable: ``HF_HUB_OFFLINE`` is set to a true value."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def in_hub_cache(repo: str) -> bool:
+    """Whether the local Hugging Face cache holds ``repo``'s ``config.json`` (checked on disk, never online)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except ValueError:  # not a valid repo id
+        return False

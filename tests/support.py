@@ -634,3 +634,13 @@ BBC_SCHEMA = {
     "required": ["category", "tone", "mentions_money"],
 }
 """The JSON Schema the real-model tests tag BBC News leads with."""
+
+
+def cache_in_hub(root: Path, repo: str) -> None:
+    """Lay ``repo`` out in a Hugging Face cache at ``root`` the way ``hf download`` does (a ref, a snapshot holding
+    ``config.json``), for tests that point ``huggingface_hub.constants.HF_HUB_CACHE`` at ``root``."""
+    folder = root / f"models--{repo.replace('/', '--')}"
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text("0" * 40)
+    (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    (folder / "snapshots" / ("0" * 40) / "config.json").write_text("{}")

@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pcd_engine.models import ALIASES
+from pcd_engine.models import ALIASES, DEFAULT_MODEL
 from pcd_engine.tools.cli import build_parser, main
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import shift_tree_positions
-from tests.support import mlx_available, save_tiny, tiny_model
+from tests.support import cache_in_hub, mlx_available, save_tiny, tiny_model
 
 TICKET_SCHEMA = {
     "title": "Ticket",
@@ -79,7 +79,11 @@ def test_parser_defaults_and_required_arguments():
         assert exc.value.code == 2
 
 
-def test_models_lists_every_alias_with_both_checkpoints(capsys):
+def test_models_lists_every_alias_with_both_checkpoints(capsys, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    cache_in_hub(tmp_path, ALIASES["qwen3-0.6b"].mlx)
     code, out, _ = run(capsys, "models")
     assert code == 0
     rows = table_rows(out, "alias")
@@ -89,6 +93,9 @@ def test_models_lists_every_alias_with_both_checkpoints(capsys):
     data = json.loads(out)
     assert {d["alias"] for d in data} == set(ALIASES)
     assert all(d["torch"] and "mlx" in d for d in data)
+    present = {d["alias"]: [k for k, v in d["local"].items() if v] for d in data if any(d["local"].values())}
+    assert present == {DEFAULT_MODEL: ["torch"], "qwen3-0.6b": ["mlx"]}
+    assert {r[0].split()[0]: r[3] for r in rows if r[3] != "-"} == {DEFAULT_MODEL: "torch", "qwen3-0.6b": "mlx"}
 
 
 # ------------------------------------------------------------------------------------------------ check

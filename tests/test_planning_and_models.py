@@ -8,10 +8,10 @@ from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, compile_
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.compiler import compile_wave
 from pcd_engine.errors import OptionError
-from pcd_engine.models import ALIASES, resolve_model
+from pcd_engine.models import ALIASES, hub_offline, in_hub_cache, resolve_model
 from pcd_engine.planner import plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView
-from tests.support import tiny_model
+from tests.support import cache_in_hub, tiny_model
 
 PRESET = {
     "a": {"type": "enum", "choices": ["x", "y"]},
@@ -74,7 +74,8 @@ def test_scorer_selection(smol_tokenizer):
         TorchBackend(model, smol_tokenizer, scorer="fast")
 
 
-def test_model_names(tmp_path):
+def test_model_names(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # online, a repo id passes through to the loader
     assert resolve_model("qwen2.5-0.5b") == ALIASES["qwen2.5-0.5b"].torch
     assert resolve_model("qwen2.5-0.5b", backend="mlx") == ALIASES["qwen2.5-0.5b"].mlx
     assert resolve_model(str(tmp_path)) == str(tmp_path)
@@ -84,6 +85,29 @@ def test_model_names(tmp_path):
     with pytest.raises(ModelLoadError, match="expected an alias"):
         resolve_model("not-a-model")
     assert all(a.torch.count("/") == 1 for a in ALIASES.values())
+
+
+def test_offline_and_not_cached_says_how_to_download_at_once(tmp_path, monkeypatch):
+    """HF_HUB_OFFLINE is set (conftest): an alias or repo id missing from the cache fails at once, naming the
+    download command and the local-folder option; one that is cached resolves to its repo id."""
+    import time
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    cache_in_hub(tmp_path, ALIASES["qwen3-0.6b"].torch)
+    assert hub_offline() and in_hub_cache("Qwen/Qwen3-0.6B") and not in_hub_cache("Qwen/Qwen3-8B")
+    assert resolve_model("qwen3-0.6b") == "Qwen/Qwen3-0.6B"
+    for name, repo in [("qwen2.5-0.5b", "Qwen/Qwen2.5-0.5B-Instruct"), ("someorg/not-cached", "someorg/not-cached")]:
+        start = time.perf_counter()
+        with pytest.raises(ModelLoadError) as err:
+            Engine.load(name, backend="torch")
+        assert time.perf_counter() - start < 1.0  # no retries against an unreachable Hub
+        message = str(err.value)
+        assert f"Model {name!r}" in message and f"hf download {repo}" in message
+        assert "local model folder" in message and "Engine.load('/path/to/folder')" in message
+    with pytest.raises(ModelLoadError, match="hf download mlx-community/Qwen3-0.6B-4bit"):
+        resolve_model("qwen3-0.6b", backend="mlx")  # the MLX column is another repo, not cached
 
 
 def test_unknown_backend():

@@ -82,15 +82,32 @@ def _fmt_mass(value: float | None) -> str:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
+    from pcd_engine.models import in_hub_cache
+
+    local = {
+        a.name: {"torch": a.name == DEFAULT_MODEL or in_hub_cache(a.torch), "mlx": bool(a.mlx and in_hub_cache(a.mlx))}
+        for a in ALIASES.values()
+    }
+    if args.json:
+        rows_json = [
+            {"alias": a.name, "torch": a.torch, "mlx": a.mlx, "local": local[a.name]} for a in ALIASES.values()
+        ]
+        print(json.dumps(rows_json, indent=2))
+        return 0
     rows = [
-        (a.name + (" (default, embedded offline)" if a.name == DEFAULT_MODEL else ""), a.torch, a.mlx or "-")
+        (
+            a.name + (" (default, embedded offline)" if a.name == DEFAULT_MODEL else ""),
+            a.torch,
+            a.mlx or "-",
+            ", ".join(k for k, present in local[a.name].items() if present) or "-",
+        )
         for a in ALIASES.values()
     ]
-    if args.json:
-        print(json.dumps([{"alias": a.name, "torch": a.torch, "mlx": a.mlx} for a in ALIASES.values()], indent=2))
-    else:
-        print(table(("alias", "PyTorch checkpoint", "MLX checkpoint"), rows))
-        print("\nAny local folder or Hugging Face repo id works too; only the default needs no download.")
+    print(table(("alias", "PyTorch checkpoint", "MLX checkpoint", "local"), rows))
+    print(
+        "\n'local' lists the checkpoints already in the Hugging Face cache; fetch another with: hf download REPO. "
+        "Any local folder or repo id works too; only the default needs no download."
+    )
     return 0
 
 
