@@ -16,8 +16,9 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "pcd_engine"
 BACKEND_MAY_IMPORT = {"pcd_engine.tree", "pcd_engine.errors", "pcd_engine.models", "pcd_engine.backends"}
-# The core: every module of pcd_engine outside the tools wing, except the package's own facade and __main__.
-FACADE = ("__init__.py", "__main__.py")
+# The core: every module of pcd_engine outside the tools wing, except the package's own facades (the package,
+# __main__, and pcd_engine.testing, which re-exports the tools' backend check as a public API).
+FACADE = ("__init__.py", "__main__.py", "testing.py")
 CORE = sorted(
     p for p in PACKAGE.rglob("*.py")
     if "tools" not in p.relative_to(PACKAGE).parts and p.relative_to(PACKAGE).as_posix() not in FACADE

@@ -166,7 +166,17 @@ MODULE_ALL = {
     ],
     "pcd_engine.tools.bench": ["BenchRow", "bench_presets", "one_wave"],
     "pcd_engine.tools.eval": ["EvalReport", "MethodScore", "eval_schema", "evaluate"],
-    "pcd_engine.tools.check": ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"],
+    "pcd_engine.tools.check": [
+        "CHECKS",
+        "PROBE",
+        "PROBE_TEXT",
+        "BackendReport",
+        "Check",
+        "check_backend",
+        "default_tolerance",
+        "run_checks",
+    ],
+    "pcd_engine.testing": ["BackendReport", "Check", "check_backend", "default_tolerance"],
     "pcd_engine.tools.datasets": [
         "LabelledText",
         "Metrics",

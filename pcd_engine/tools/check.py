@@ -26,7 +26,7 @@ import numpy as np
 
 from pcd_engine.alignment import tail_tokens
 from pcd_engine.compiler import compile_wave, questions
-from pcd_engine.errors import PCDError
+from pcd_engine.errors import OptionError, PCDError
 from pcd_engine.generation import compile_rows
 from pcd_engine.planner import plan_passes
 from pcd_engine.prompt import ChatPrompt
@@ -37,7 +37,16 @@ if TYPE_CHECKING:
     from pcd_engine.backends.base import Backend
     from pcd_engine.engine import Engine
 
-__all__ = ["CHECKS", "PROBE", "PROBE_TEXT", "Check", "run_checks"]
+__all__ = [
+    "CHECKS",
+    "PROBE",
+    "PROBE_TEXT",
+    "BackendReport",
+    "Check",
+    "check_backend",
+    "default_tolerance",
+    "run_checks",
+]
 
 PROBE_TEXT = "The parcel arrived two weeks late and the box was crushed. I would like a refund within 12 hours, please."
 # The probe (also the test suite's conformance probe): labels that share token prefixes ("12_HOURS" / "1_HOUR",
@@ -69,8 +78,9 @@ class Check:
     ms: float
 
 
-def _tolerance(backend: Backend) -> float:
-    """Allowed log-prob difference: tight for fp32 weights, loose for half precision and quantized weights."""
+def default_tolerance(backend: Backend) -> float:
+    """The allowed log-prob difference when none is given: 2e-3 for fp32 weights, 0.15 for half precision and
+    quantized weights (their reference pass rounds differently from a cached, packed one)."""
     return 2e-3 if backend.weights_dtype == "float32" else 0.15
 
 
@@ -107,7 +117,7 @@ def _packed_vs_reference(engine: Engine, probe: dict[str, Any]) -> tuple[bool, s
             reference = engine.backend.sequence_logprobs(list(context) + tokens)[-len(tokens) :]
             worst = max(worst, float(np.abs(logprobs[list(path.nodes)] - reference).max()))
             paths += 1
-    tol = _tolerance(engine.backend)
+    tol = probe["tol"]
     ok = passes == 1 and worst <= tol
     return ok, f"{paths} paths in {passes} pass(es), max |diff| {worst:.1e} (tolerance {tol:.0e})"
 
@@ -126,7 +136,7 @@ def _split_passes(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     one, _, _ = probe["score"](100_000)
     split, _, passes = probe["score"](5)
     diff = float(np.abs(one - split).max())
-    tol = _tolerance(engine.backend)
+    tol = probe["tol"]
     return passes > 1 and diff <= tol, f"{passes} passes of <= 5 nodes: max |diff| {diff:.1e}"
 
 
@@ -172,7 +182,7 @@ CHECKS: tuple[tuple[str, Callable[[Any, dict[str, Any]], tuple[bool, str]]], ...
 )
 
 
-def run_checks(engine: Engine) -> Iterator[Check]:
+def run_checks(engine: Engine, *, tol: float | None = None) -> Iterator[Check]:
     """Run every check of :data:`CHECKS` on ``engine``'s model, yielding each result as soon as it is known.
 
     A check that raises a :class:`~pcd_engine.errors.PCDError` fails with the error's message; the probe that
@@ -180,14 +190,19 @@ def run_checks(engine: Engine) -> Iterator[Check]:
 
     Args:
         engine: A loaded :class:`~pcd_engine.engine.Engine`.
+        tol: The largest log-prob difference the comparisons allow; ``None`` for :func:`default_tolerance`.
 
     Yields:
         One :class:`Check` per entry of :data:`CHECKS`, in order.
+
+    Raises:
+        OptionError: If ``tol`` is not a positive number.
     """
+    tolerance = _checked_tolerance(engine, tol)
     probe: dict[str, Any] | None = None
     problem = ""
     try:
-        probe = _probe(engine)
+        probe = {**_probe(engine), "tol": tolerance}
     except PCDError as exc:
         problem = str(exc)
     for name, run in CHECKS:
@@ -200,3 +215,83 @@ def run_checks(engine: Engine) -> Iterator[Check]:
         except PCDError as exc:
             passed, detail = False, str(exc)
         yield Check(name, passed, detail, (time.perf_counter() - started) * 1000)
+
+
+def _checked_tolerance(engine: Engine, tol: float | None) -> float:
+    if tol is None:
+        return default_tolerance(engine.backend)
+    if isinstance(tol, bool) or not isinstance(tol, int | float) or not tol > 0:
+        raise OptionError(f"tol: expected a positive number, but got {tol!r}.")
+    return float(tol)
+
+
+@dataclass(frozen=True)
+class BackendReport:
+    """What :func:`check_backend` found.
+
+    Attributes:
+        backend: The backend's name (``"torch"``, ``"mlx"``, or a custom one).
+        scorer: ``"packed"`` or ``"rows"``.
+        weights_dtype: The weights' dtype, which sets the default tolerance.
+        tolerance: The log-prob tolerance the comparisons used.
+        checks: Every check's outcome, in the order of :data:`CHECKS`.
+    """
+
+    backend: str
+    scorer: str
+    weights_dtype: str
+    tolerance: float
+    checks: tuple[Check, ...]
+
+    @property
+    def passed(self) -> bool:
+        """Whether every check passed."""
+        return all(c.passed for c in self.checks)
+
+    @property
+    def failures(self) -> tuple[Check, ...]:
+        """The checks that failed."""
+        return tuple(c for c in self.checks if not c.passed)
+
+    def __str__(self) -> str:
+        lines = [f"{self.backend} backend ({self.scorer} scorer, {self.weights_dtype}, tolerance {self.tolerance:.0e})"]
+        lines += [f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]
+        lines.append(f"{len(self.checks) - len(self.failures)}/{len(self.checks)} checks passed")
+        return "\n".join(lines)
+
+
+def check_backend(
+    engine: Engine, *, tol: float | None = None, on_check: Callable[[Check], None] | None = None
+) -> BackendReport:
+    """Check that a model and backend work with pcd: the conformance checks of ``pcd check``, as an API.
+
+    Use it on your own model, or on your own :class:`~pcd_engine.backends.base.Backend` subclass: packed scoring
+    must equal the backend's plain one-sequence reference within ``tol``, the cached head must stay untouched,
+    split passes must equal one pass, the example presets must compile with the model's chat template, and a real
+    extraction must return every key with a valid value. A failed comparison is reported, never raised.
+
+    Args:
+        engine: An engine on the model and backend to check.
+        tol: The largest log-prob difference the comparisons allow; ``None`` for :func:`default_tolerance`.
+        on_check: Called with each :class:`Check` as soon as it finishes (progress for long checks).
+
+    Returns:
+        A :class:`BackendReport`; ``report.passed`` says whether everything passed.
+
+    Raises:
+        OptionError: If ``tol`` is not a positive number.
+    """
+    tolerance = _checked_tolerance(engine, tol)
+    checks = []
+    for check in run_checks(engine, tol=tolerance):
+        checks.append(check)
+        if on_check is not None:
+            on_check(check)
+    backend = engine.backend
+    return BackendReport(
+        backend=backend.name,
+        scorer=str(getattr(backend, "scorer", "packed")),
+        weights_dtype=backend.weights_dtype,
+        tolerance=tolerance,
+        checks=tuple(checks),
+    )

@@ -112,24 +112,20 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pcd_engine.tools.check import CHECKS, run_checks
+    from pcd_engine.tools.check import CHECKS, check_backend
 
     engine = _engine(args)
-    results = []
     with progress(len(CHECKS), quiet=args.quiet, unit="check") as tick:
-        for (name, _), check in zip(CHECKS, run_checks(engine), strict=True):
-            tick(name)
-            results.append(check)
-    print(f"model: {args.model}; {_describe(engine)}\n")
+        report = check_backend(engine, tol=args.tol, on_check=lambda c: tick(c.name))
+    print(f"model: {args.model}; {_describe(engine)}; tolerance {report.tolerance:.0e}\n")
     print(
         table(
             ("check", "result", "detail", "ms"),
-            [(c.name, "pass" if c.passed else "FAIL", c.detail, f"{c.ms:.0f}") for c in results],
+            [(c.name, "pass" if c.passed else "FAIL", c.detail, f"{c.ms:.0f}") for c in report.checks],
         )
     )
-    passed = sum(c.passed for c in results)
-    print(f"\n{passed}/{len(results)} checks passed")
-    return 0 if passed == len(results) else 1
+    print(f"\n{len(report.checks) - len(report.failures)}/{len(report.checks)} checks passed")
+    return 0 if report.passed else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -575,6 +571,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_models)
     p = sub.add_parser("check", help="does this model work? conformance checks, presets, one extraction")
     _with_model(p)
+    p.add_argument(
+        "--tol", type=float, default=None, help="largest log-prob difference allowed (default: 2e-3 fp32, 0.15 else)"
+    )
     p.set_defaults(func=cmd_check)
     for add in (_add_run, _add_bench, _add_eval, _add_tag, _add_serve):
         add(sub)
