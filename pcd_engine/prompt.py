@@ -38,9 +38,13 @@ __all__ = [
 _SENTINEL = "PCDDOCUMENTSENTINEL"
 _DEFAULT_FORMAT = PromptFormat()
 _FALLBACK_TEMPLATE = (
-    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}\n\n{% endfor %}"
+    "{% for m in messages %}{{ m['role'] | capitalize }}: {{ m['content'] }}{{ end }}\n\n{% endfor %}"
     "{% if add_generation_prompt %}Assistant: {% endif %}"
 )
+"""The plain format for a tokenizer without a chat template. Each turn ends with the tokenizer's end-of-sequence
+control token (``end``) where it has one: with nothing but text after the document, the document's last characters
+and the tail's first ones merge into other tokens (``".\n\n"``, SentencePiece's ``"▁"``), and no tail could be
+compiled once for every document."""
 
 
 class TokenizerView:
@@ -318,7 +322,8 @@ def render_chat(
     """The chat template's text for ``turns``, up to the opening of the assistant's turn.
 
     A template that refuses a system role, or drops it, gets the system turns folded into the first other turn
-    (separated by a blank line). A tokenizer without a template gets a plain ChatML one.
+    (separated by a blank line). A tokenizer without a template gets a plain ``Role: text`` one, each turn ended
+    by the end-of-sequence control token.
 
     Args:
         tokenizer: The model's tokenizer.
@@ -329,8 +334,12 @@ def render_chat(
         The text, and whether the system turns were folded.
     """
     hf = tokenizer.hf
-    template = getattr(hf, "chat_template", None) or _FALLBACK_TEMPLATE
-    kwargs = {"enable_thinking": False, **(extra or {})}
+    template = getattr(hf, "chat_template", None)
+    kwargs: dict[str, Any] = {"enable_thinking": False, **(extra or {})}
+    if not template:
+        template = _FALLBACK_TEMPLATE
+        eos = getattr(hf, "eos_token", None)
+        kwargs["end"] = eos if eos and hf.convert_tokens_to_ids(eos) in tokenizer.added_ids else ""
     kwargs.update(tokenize=False, add_generation_prompt=True, chat_template=template)
     system = [t["content"] for t in turns if t["role"] == "system"]
     if not system:

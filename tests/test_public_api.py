@@ -173,6 +173,7 @@ MODULE_ALL = {
         "BackendReport",
         "Check",
         "check_backend",
+        "compile_preset",
         "default_tolerance",
         "run_checks",
     ],

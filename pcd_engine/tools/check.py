@@ -26,10 +26,10 @@ import numpy as np
 
 from pcd_engine.alignment import tail_tokens
 from pcd_engine.compiler import compile_wave, questions
-from pcd_engine.errors import OptionError, PCDError
+from pcd_engine.errors import OptionError, PCDError, PromptAlignmentError
 from pcd_engine.generation import compile_rows
 from pcd_engine.planner import plan_passes
-from pcd_engine.prompt import ChatPrompt
+from pcd_engine.prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
@@ -44,6 +44,7 @@ __all__ = [
     "BackendReport",
     "Check",
     "check_backend",
+    "compile_preset",
     "default_tolerance",
     "run_checks",
 ]
@@ -140,24 +141,48 @@ def _split_passes(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     return passes > 1 and diff <= tol, f"{passes} passes of <= 5 nodes: max |diff| {diff:.1e}"
 
 
+def compile_preset(tokenizer: TokenizerView, name: str) -> int:
+    """Render example preset ``name`` with the tokenizer's chat template, check that its document leaves the tail's
+    tokens as compiled, and compile every closed field's trie and every open field's rows.
+
+    Args:
+        tokenizer: The model's tokenizer.
+        name: One of :data:`~pcd_engine.tools.examples.EXAMPLE_PRESETS`.
+
+    Returns:
+        The number of trie nodes of the preset's closed fields.
+
+    Raises:
+        PromptAlignmentError: If the template, the document or a label does not tokenize as compiled.
+        SchemaError: If a field cannot be compiled.
+    """
+    preset = example_preset(name)
+    prompt = ChatPrompt.build(tokenizer, preset.schema)
+    tail0, skip = tail_tokens(tokenizer, prompt.boundary_text, prompt.tail_text)
+    ids = prompt.request_ids(tokenizer, preset.context or PROBE_TEXT)
+    if tuple(ids[len(ids) - len(tail0) + skip :]) != tuple(tail0[skip:]):
+        raise PromptAlignmentError(
+            f"Preset {name!r}: expected the tail's tokens after the document, but it changed them."
+        )
+    closed = [q for f in preset.schema.fields if f.scored for q in questions(f) if len(q.labels) > 1]
+    wave = compile_wave(tokenizer, closed, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    opened = [f for f in preset.schema.fields if not f.scored]
+    if opened:
+        compile_rows(tokenizer, opened, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
+    return len(wave.tree)
+
+
 def _presets_compile(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     tv = engine.tokenizer
     nodes = 0
     for name in EXAMPLE_PRESETS:
-        preset = example_preset(name)
-        prompt = ChatPrompt.build(tv, preset.schema)
-        tail0, skip = tail_tokens(tv, prompt.boundary_text, prompt.tail_text)
-        ids = prompt.request_ids(tv, preset.context or PROBE_TEXT)
-        if tuple(ids[len(ids) - len(tail0) + skip :]) != tuple(tail0[skip:]):
-            return False, f"{name}: the document changed the tail's tokens"
-        closed = [q for f in preset.schema.fields if f.scored for q in questions(f) if len(q.labels) > 1]
-        wave = compile_wave(tv, closed, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
-        nodes += len(wave.tree)
-        opened = [f for f in preset.schema.fields if not f.scored]
-        if opened:
-            compile_rows(tv, opened, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
-    folded = " (no system role: instructions in the user turn)" if prompt.system_folded else ""
-    return True, f"{len(EXAMPLE_PRESETS)} presets, {nodes} trie nodes{folded}"
+        try:
+            nodes += compile_preset(tv, name)
+        except PromptAlignmentError as exc:
+            return False, str(exc)
+    folded = ChatPrompt.build(tv, compile_schema(PROBE)).system_folded  # the template's, whatever the schema
+    note = " (no system role: instructions in the user turn)" if folded else ""
+    return True, f"{len(EXAMPLE_PRESETS)} presets, {nodes} trie nodes{note}"
 
 
 def _one_extraction(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
