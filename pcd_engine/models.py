@@ -79,6 +79,18 @@ _TABLE = [
     ("phi3.5-mini", "microsoft/Phi-3.5-mini-instruct", "mlx-community/Phi-3.5-mini-instruct-4bit"),
     ("phi4-mini", "microsoft/Phi-4-mini-instruct", "mlx-community/Phi-4-mini-instruct-4bit"),
     ("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.3", "mlx-community/Mistral-7B-Instruct-v0.3-4bit"),
+    ("ministral-8b", "mistralai/Ministral-8B-Instruct-2410", "mlx-community/Ministral-8B-Instruct-2410-4bit"),
+    # Hybrid models (gated delta rule / short convolutions): the rows scorer on both backends.
+    ("qwen3.5-0.8b", "Qwen/Qwen3.5-0.8B", "mlx-community/Qwen3.5-0.8B-MLX-4bit"),
+    ("qwen3.5-2b", "Qwen/Qwen3.5-2B", "mlx-community/Qwen3.5-2B-MLX-4bit"),
+    ("qwen3.5-4b", "Qwen/Qwen3.5-4B", "mlx-community/Qwen3.5-4B-MLX-4bit"),
+    ("qwen3.5-9b", "Qwen/Qwen3.5-9B", "mlx-community/Qwen3.5-9B-MLX-4bit"),
+    ("lfm2.5-1.2b", "LiquidAI/LFM2.5-1.2B-Instruct", "mlx-community/LFM2.5-1.2B-Instruct-4bit"),
+    ("gemma4-e2b", "google/gemma-4-E2B-it", "mlx-community/gemma-4-e2b-it-4bit"),
+    ("gemma4-e4b", "google/gemma-4-E4B-it", "mlx-community/gemma-4-e4b-it-4bit"),
+    ("granite3.3-2b", "ibm-granite/granite-3.3-2b-instruct", "mlx-community/granite-3.3-2b-instruct-4bit"),
+    # Mixture of experts with attention sinks: eager attention on PyTorch.
+    ("gpt-oss-20b", "openai/gpt-oss-20b", "mlx-community/gpt-oss-20b-MXFP4-Q8"),
 ]
 
 ALIASES: dict[str, ModelAlias] = {name: ModelAlias(name, torch, mlx) for name, torch, mlx in _TABLE}

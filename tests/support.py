@@ -54,6 +54,9 @@ def template_tokenizer(name: str) -> Any:
 # ------------------------------------------------------------------------------------------ tiny random models
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
+MORE_ARCHS = ["mistral", "ministral", "granite", "gemma4", "gpt_oss"]
+"""Further architectures with attention layers only, run through the PyTorch conformance suite (the full matrix of
+suites runs on :data:`ARCHS`)."""
 HYBRID_ARCHS = ["lfm2", "qwen3_5"]
 """Architectures with convolution or linear-attention (recurrent) layers: no tree mask can branch their state, so
 they run the row-broadcast fallback."""
@@ -97,6 +100,29 @@ def tiny_model(arch: str, vocab_size: int, *, seed: int = 0) -> Any:
             layer_types=["sliding_attention", "full_attention"],
             **common,
         )
+    elif arch == "mistral":
+        config = tf.MistralConfig(head_dim=16, **common)
+    elif arch == "ministral":
+        # Ministral's interleaved sliding window, shorter than the prompt.
+        config = tf.MinistralConfig(
+            head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"], **common
+        )
+    elif arch == "granite":
+        # Granite scales embeddings, residuals, attention and logits by its multipliers.
+        config = tf.GraniteConfig(
+            embedding_multiplier=4.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0, **common
+        )
+    elif arch == "gemma4":
+        config = tf.Gemma4TextConfig(
+            head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"], **common
+        )
+    elif arch == "gpt_oss":
+        # Mixture of experts and attention sinks; transformers runs its attention only eagerly.
+        config = tf.GptOssConfig(
+            head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+            layer_types=["sliding_attention", "full_attention"], **common,
+        )  # fmt: skip
+        kernel = "eager"
     elif arch == "lfm2":
         # One short-convolution layer, then one attention layer.
         config = tf.Lfm2Config(layer_types=["conv", "full_attention"], **common)

@@ -125,7 +125,12 @@ class TorchBackend(Backend):
             config = AutoConfig.from_pretrained(path)
             softcap = getattr(config.get_text_config(), "attn_logit_softcapping", None)
             kernel = "eager" if softcap else "sdpa"
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=kernel)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=kernel)
+            except ValueError as exc:  # e.g. gpt-oss (attention sinks): transformers has no SDPA path for it
+                if kernel != "sdpa" or "scaled_dot_product_attention" not in str(exc):
+                    raise
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager")
             tokenizer = AutoTokenizer.from_pretrained(path)
         except OSError as exc:
             raise ModelLoadError(
