@@ -551,26 +551,29 @@ def torch_brute_force(model, context: list[int], paths: list[list[int]]) -> list
     """log p of each path token given everything before it, scoring each path alone.
 
     The model runs the way transformers runs it by itself: its own masks, its own cache classes (sliding
-    windows included), its default positions. The prompt is run once and each path continues a deep copy of
-    that cache, which is a full forward pass per path without repeating the shared prompt's work.
+    windows included), its default positions. The prompt is run once and each path continues that cache, which is
+    a full forward pass per path without repeating the shared prompt's work.
     """
     import torch
     from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
 
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
         first = model(input_ids=torch.tensor([context]), cache=cache, use_cache=True, logits_to_keep=1)
     root = torch.log_softmax(first.logits[0, -1].double(), dim=-1)
     out = []
+    # Full-attention layers are put back by cropping the path off again (the same tensors as a fresh copy, without
+    # copying the whole prompt's cache per path); sliding and recurrent layers cannot be, so they are copied.
+    croppable = all(type(layer) is DynamicLayer for layer in cache.layers)
     for path in paths:
         scores = [float(root[path[0]])]
         if len(path) > 1:
+            run_on = cache if croppable else copy.deepcopy(cache)
             with torch.no_grad():
-                logits = (
-                    model(input_ids=torch.tensor([path[:-1]]), cache=copy.deepcopy(cache), use_cache=True)
-                    .logits[0]
-                    .double()
-                )
+                logits = model(input_ids=torch.tensor([path[:-1]]), cache=run_on, use_cache=True).logits[0].double()
+            if croppable:
+                cache.crop(-(len(path) - 1))
             logp = torch.log_softmax(logits, dim=-1)
             scores += [float(logp[i, t]) for i, t in enumerate(path[1:])]
         out.append(np.array(scores))
