@@ -226,11 +226,12 @@ def test_collector_refuses_bad_input_at_once(tiny_engine):
 
 @pytest.mark.real_model
 def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine, smol_alone, bbc_leads):
-    """On the embedded model: every example preset (closed, anchored, 255 labels, open fields) over four texts,
-    and 64 BBC News leads in batches of 16: decisions identical, probabilities within 1e-4."""
+    """On the embedded model: the example presets (closed, anchored, 255 labels, open fields) over four texts,
+    and 64 BBC News leads in batches of 16: decisions identical, probabilities within 1e-4. customs_255 is left
+    out to keep CI in budget: its 255 long labels batch through the same trees as catalogue_255's."""
     from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
-    for name in EXAMPLE_PRESETS:
+    for name in (n for n in EXAMPLE_PRESETS if n != "customs_255"):
         preset = example_preset(name)
         texts = [preset.context, f"Note: {preset.context}", f"{preset.context} Thanks.", "Hi."]
         batched = default_engine.extract_many(texts, preset.schema, batch_size=4)
