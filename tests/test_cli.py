@@ -283,6 +283,9 @@ def test_bench_against_both_baselines(capsys, tiny, tmp_path):
         for b in row["baselines"]:
             assert 0 <= b["agree"] <= row["fields"]
             assert b["speedup"] == pytest.approx(b["ms"] / row["pcd_ms"])
+        for b in row["baselines"][:2]:
+            assert b["forward_passes"] == b["tokens"] > 0  # AR and outlines: token by token, one pass each
+        assert row["baselines"][2]["forward_passes"] > 0
         outlines = row["baselines"][1]
         # The grammar keeps outlines' object well-formed unless the token limit cut it.
         assert outlines["valid"] or any("parse error" in e for e in outlines["errors"])

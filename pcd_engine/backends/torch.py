@@ -515,6 +515,8 @@ def _filled_layer_class() -> Any:
         cache every pass)."""
 
         filled: int = 0
+        keys: Any  # set by DynamicLayer.lazy_initialization
+        values: Any
 
         @classmethod
         def of(cls, keys: list[Any], values: list[Any], widest: int, new: int) -> Any:

@@ -373,6 +373,7 @@ class BaselineRun:
         method: The baseline's name in :data:`BASELINES`.
         ms: Median wall time of its generation.
         tokens: Tokens it wrote.
+        forward_passes: Forward passes it ran (AR and outlines: one per written token).
         valid: Whether its object was a valid answer (parses, every key, allowed values, no extra keys).
         errors: What was invalid, in words.
         agree: How many fields equal pcd's default-settings decisions.
@@ -383,6 +384,7 @@ class BaselineRun:
     method: str
     ms: float
     tokens: int
+    forward_passes: int
     valid: bool
     errors: tuple[str, ...]
     agree: int

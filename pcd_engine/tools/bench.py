@@ -154,6 +154,7 @@ def _bench_one(
                 method=method,
                 ms=ms,
                 tokens=first.tokens,
+                forward_passes=first.forward_passes,
                 valid=first.valid,
                 errors=first.errors,
                 agree=sum(1 for k, v in out.values.items() if k in written and written[k] == v),

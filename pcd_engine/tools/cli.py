@@ -335,9 +335,9 @@ def _ray_runner(
     from pcd_integrations.ray import ray_parts
 
     if args.quiet:
-        import ray.data
+        from ray.data import DataContext
 
-        ray.data.DataContext.get_current().enable_progress_bars = False
+        DataContext.get_current().enable_progress_bars = False
     started = not ray.is_initialized()
     if started:
         ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=not args.quiet)
