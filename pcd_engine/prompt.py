@@ -45,6 +45,26 @@ _FALLBACK_TEMPLATE = (
 control token (``end``) where it has one: with nothing but text after the document, the document's last characters
 and the tail's first ones merge into other tokens (``".\n\n"``, SentencePiece's ``"▁"``), and no tail could be
 compiled once for every document."""
+_HARMONY_TOKENS = frozenset({"<|start|>", "<|channel|>", "<|message|>", "<|end|>"})
+_HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\n"
+    "Knowledge cutoff: 2024-06\n\nReasoning: low\n\n"
+    "# Valid channels: analysis, commentary, final. Channel must be included for every message.<|end|>"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' %}<|start|>developer<|message|># Instructions\n\n{{ m['content'] }}<|end|>"
+    "{% elif m['role'] == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m['content'] }}<|end|>"
+    "{% else %}<|start|>user<|message|>{{ m['content'] }}<|end|>{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|start|>assistant{% endif %}"
+)
+"""OpenAI's harmony format (gpt-oss), for a tokenizer that has its control tokens but no chat template (the npm
+tokenizer packages, some GGUF conversions): a system message with the model's meta, the instructions as the
+developer message, and every assistant turn on the ``final`` channel. gpt-oss checkpoints ship a template that
+renders the same layout, which is used when present. ``openai-harmony`` renders this format too, but loads its
+vocabulary from the network on first use, which pcd never does at run time."""
+_HARMONY_ANSWER = "<|channel|>final<|message|>"
+"""What opens the assistant's answer in harmony: the ``final`` channel, so the model answers at once instead of
+reasoning first on the ``analysis`` channel (whose text pcd would have to generate and discard)."""
 
 
 class TokenizerView:
@@ -323,7 +343,8 @@ def render_chat(
 
     A template that refuses a system role, or drops it, gets the system turns folded into the first other turn
     (separated by a blank line). A tokenizer without a template gets a plain ``Role: text`` one, each turn ended
-    by the end-of-sequence control token.
+    by the end-of-sequence control token. Harmony (gpt-oss) tokenizers get their own format, and the assistant's
+    turn is opened on the ``final`` channel.
 
     Args:
         tokenizer: The model's tokenizer.
@@ -336,11 +357,21 @@ def render_chat(
     hf = tokenizer.hf
     template = getattr(hf, "chat_template", None)
     kwargs: dict[str, Any] = {"enable_thinking": False, **(extra or {})}
-    if not template:
+    harmony = _HARMONY_TOKENS <= set(tokenizer.added_text.values())
+    if not template and harmony:
+        template = _HARMONY_TEMPLATE
+    elif not template:
         template = _FALLBACK_TEMPLATE
         eos = getattr(hf, "eos_token", None)
         kwargs["end"] = eos if eos and hf.convert_tokens_to_ids(eos) in tokenizer.added_ids else ""
     kwargs.update(tokenize=False, add_generation_prompt=True, chat_template=template)
+    text, folded = _apply_template(hf, turns, kwargs)
+    if harmony and text.endswith("<|start|>assistant"):
+        text += _HARMONY_ANSWER
+    return text, folded
+
+
+def _apply_template(hf: Any, turns: Sequence[Mapping[str, str]], kwargs: dict[str, Any]) -> tuple[str, bool]:
     system = [t["content"] for t in turns if t["role"] == "system"]
     if not system:
         return str(hf.apply_chat_template([dict(t) for t in turns], **kwargs)), False

