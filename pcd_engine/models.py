@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ __all__ = [
     "hub_offline",
     "in_hub_cache",
     "mlx_config_overrides",
+    "mlx_weights_fix",
     "ollama_dir",
     "ollama_gguf",
     "resolve_model",
@@ -251,7 +253,47 @@ def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-_MLX_MODEL_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
+def mlx_weights_fix(config: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """A rewrite of a folder's weights into a layout mlx-lm's ``sanitize`` accepts, where transformers saves another.
+
+    gpt-oss: transformers saves the experts unquantized as ``experts.gate_up_proj`` (experts x hidden x 2 inter,
+    gate and up interleaved on the last axis) and ``experts.down_proj`` (experts x inter x hidden); mlx-lm reads
+    the original checkpoint's MXFP4 ``*_blocks`` or its own split, transposed ``gate_proj`` / ``up_proj`` /
+    ``down_proj`` weights, and rejects the rest.
+
+    Args:
+        config: The parsed config.json.
+
+    Returns:
+        A function from weight name to array (mlx or numpy) to the rewritten mapping, or ``None`` when the model
+        type needs none. The function leaves weights already in mlx-lm's layouts as they are.
+    """
+    return _gpt_oss_weights if config.get("model_type") == "gpt_oss" else None
+
+
+def _gpt_oss_weights(weights: dict[str, Any]) -> dict[str, Any]:
+    if not any(k.endswith(".experts.gate_up_proj") for k in weights):
+        return weights
+    out: dict[str, Any] = {}
+    for key, value in weights.items():
+        head, _, name = key.rpartition(".experts.")
+        experts = f"{head}.experts."
+        if not head or name not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+            out[key] = value
+        elif name == "gate_up_proj":
+            out[experts + "gate_proj.weight"] = value[..., ::2].swapaxes(-1, -2)
+            out[experts + "up_proj.weight"] = value[..., 1::2].swapaxes(-1, -2)
+        elif name == "gate_up_proj_bias":
+            out[experts + "gate_proj.bias"] = value[..., ::2]
+            out[experts + "up_proj.bias"] = value[..., 1::2]
+        elif name == "down_proj":
+            out[experts + "down_proj.weight"] = value.swapaxes(-1, -2)
+        else:
+            out[experts + "down_proj.bias"] = value
+    return out
+
+
+_MLX_MODEL_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "ministral": "llama"}
 """transformers' text-only model types that mlx-lm knows under another name."""
 
 

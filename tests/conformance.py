@@ -311,3 +311,16 @@ class BackendConformance(RowsConformance):
         shift_tree_positions(monkeypatch)
         bad = self.scripted_rows(backend, self.SCRIPTS)["seen"]
         assert max(abs(a - b) for g, w in zip(good, bad, strict=True) for a, b in zip(g, w, strict=True)) > 1e-3
+
+
+class ProbeOnly:
+    """Mixed in before a conformance class: its packed and rows comparisons on the shared-prefix probe only, for the
+    architectures beyond the main matrix (the 300-label field runs there)."""
+
+    @pytest.mark.parametrize("preset", [SHARED_PREFIXES], ids=["shared-prefixes"])
+    def test_packed_equals_brute_force(self, backend, preset):
+        super().test_packed_equals_brute_force(backend, preset)
+
+    @pytest.mark.parametrize("preset", [SHARED_PREFIXES], ids=["shared-prefixes"])
+    def test_rows_fallback_equals_brute_force(self, rows_backend, preset):
+        super().test_rows_fallback_equals_brute_force(rows_backend, preset)

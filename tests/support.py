@@ -160,17 +160,9 @@ def load_mlx_twin(folder: Path, tokenizer: Any) -> tuple[Any, Any]:
     load (a ``qwen2`` folder gets ``Qwen2Tokenizer``, which splits newlines differently from the saved one).
     The plain model stays unwrapped, for brute-force references.
     """
-    import json
+    from pcd_engine.backends.mlx import MLXBackend, load_mlx_model
 
-    import mlx_lm
-
-    from pcd_engine.backends.mlx import MLXBackend
-    from pcd_engine.models import mlx_config_overrides
-
-    overrides = mlx_config_overrides(json.loads((folder / "config.json").read_text()))
-    model, _ = mlx_lm.load(str(folder), model_config=overrides)
-    plain, _ = mlx_lm.load(str(folder), model_config=overrides)
-    return MLXBackend(model, tokenizer), plain
+    return MLXBackend(load_mlx_model(str(folder))[0], tokenizer), load_mlx_model(str(folder))[0]
 
 
 def mlx_available() -> bool:

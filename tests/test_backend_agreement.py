@@ -15,7 +15,7 @@ from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import BIG, SHARED_PREFIXES, TEXT, packed_logprobs
-from tests.support import HYBRID_ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
+from tests.support import HYBRID_ARCHS, MORE_ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
 
 pytestmark = [
     pytest.mark.mlx,
@@ -50,6 +50,26 @@ def test_decisions_agree(twins, anchor):
     assert mlx_out.stats.forward_passes == torch_out.stats.forward_passes
     for name, field in torch_out.fields.items():
         assert mlx_out.fields[name].probability == pytest.approx(field.probability, abs=1e-4)
+
+
+@pytest.fixture(scope="module", params=MORE_ARCHS)
+def more_twins(request, smol_tokenizer, tmp_path_factory):
+    model = tiny_model(request.param, len(smol_tokenizer))
+    folder = save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("more-twin"))
+    return TorchBackend(model, smol_tokenizer), load_mlx_twin(folder, smol_tokenizer)[0]
+
+
+def test_more_architectures_agree(more_twins):
+    """Folders written by transformers for Mistral, Ministral (interleaved sliding window), Granite (multipliers),
+    Gemma 4 and gpt-oss (experts in transformers' layout, YaRN with ``truncate: false``) are the same model in
+    mlx-lm: log-probs within 1e-4 and the same decisions, on the shared-prefix probe."""
+    torch_run = packed_logprobs(more_twins[0], SHARED_PREFIXES)
+    mlx_run = packed_logprobs(more_twins[1], SHARED_PREFIXES)
+    assert torch_run["context"] == mlx_run["context"]
+    np.testing.assert_allclose(mlx_run["logprobs"], torch_run["logprobs"], atol=1e-4, rtol=0)
+    assert Engine(more_twins[1]).extract(TEXT, SHARED_PREFIXES).values == (
+        Engine(more_twins[0]).extract(TEXT, SHARED_PREFIXES).values
+    )
 
 
 @pytest.fixture(scope="module")

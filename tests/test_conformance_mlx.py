@@ -3,7 +3,8 @@
 Each tiny random architecture is built in PyTorch, written once as a transformers folder and loaded with
 ``mlx_lm.load`` (fp32): llama, qwen2, qwen3, gemma2 and gemma3 text with a sliding window shorter than the
 prompt (mlx-lm's own cache for its sliding layers is a ``RotatingKVCache``; the brute force uses it). The brute
-force runs a second, unwrapped copy of the model the way mlx-lm runs it by itself. Tiny LFM2 and Qwen3.5 folders
+force runs a second, unwrapped copy of the model the way mlx-lm runs it by itself. Mistral, Ministral, Granite,
+Gemma 4 and gpt-oss run the suite on the shared-prefix probe. Tiny LFM2 and Qwen3.5 folders
 (recurrent ``ArraysCache`` layers) check that hybrid models load unedited, fall back to row broadcast and still
 equal the brute force.
 """
@@ -14,8 +15,17 @@ import numpy as np
 import pytest
 
 from pcd_engine.errors import OptionError
-from tests.conformance import SHARED_PREFIXES, TEXT, BackendConformance, RowsConformance
-from tests.support import ARCHS, HYBRID_ARCHS, load_mlx_twin, mlx_available, mlx_brute_force, save_tiny, tiny_model
+from tests.conformance import SHARED_PREFIXES, TEXT, BackendConformance, ProbeOnly, RowsConformance
+from tests.support import (
+    ARCHS,
+    HYBRID_ARCHS,
+    MORE_ARCHS,
+    load_mlx_twin,
+    mlx_available,
+    mlx_brute_force,
+    save_tiny,
+    tiny_model,
+)
 
 pytestmark = [
     pytest.mark.mlx,
@@ -58,6 +68,22 @@ class TestMLXConformance(BackendConformance):
 
     def cache_lengths(self, state):
         return [layer.keys.shape[2] for layer in state.cache]
+
+
+@pytest.fixture(scope="module", params=MORE_ARCHS)
+def mlx_more_pair(request, smol_tokenizer, tmp_path_factory):
+    """Mistral, Ministral (interleaved window: mlx-lm's llama), Granite, Gemma 4 and gpt-oss (experts rewritten from
+    transformers' layout on load) from folders written by transformers."""
+    model = tiny_model(request.param, len(smol_tokenizer))
+    return load_mlx_twin(save_tiny(model, smol_tokenizer, tmp_path_factory.mktemp("more")), smol_tokenizer)
+
+
+class TestMLXMoreConformance(ProbeOnly, TestMLXConformance):
+    """The further architectures, on the probe with shared prefixes (the 300-label field runs on :data:`ARCHS`)."""
+
+    @pytest.fixture
+    def mlx_pair(self, mlx_more_pair):
+        return mlx_more_pair
 
 
 @pytest.fixture(scope="module", params=HYBRID_ARCHS)

@@ -14,7 +14,7 @@ import pytest
 
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.errors import OptionError
-from tests.conformance import SHARED_PREFIXES, BackendConformance, RowsConformance
+from tests.conformance import SHARED_PREFIXES, BackendConformance, ProbeOnly, RowsConformance
 from tests.support import ARCHS, HYBRID_ARCHS, MORE_ARCHS, save_tiny, tiny_model, torch_brute_force, torch_cache_tensors
 
 
@@ -47,20 +47,12 @@ def more_backend(request, smol_tokenizer):
     return TorchBackend(tiny_model(request.param, len(smol_tokenizer)), smol_tokenizer)
 
 
-class TestTorchMoreConformance(TestTorchConformance):
+class TestTorchMoreConformance(ProbeOnly, TestTorchConformance):
     """The further architectures, on the probe with shared prefixes (the 300-label field runs on :data:`ARCHS`)."""
 
     @pytest.fixture
     def torch_backend(self, more_backend):
         return more_backend
-
-    @pytest.mark.parametrize("preset", [SHARED_PREFIXES], ids=["shared-prefixes"])
-    def test_packed_equals_brute_force(self, backend, preset):
-        super().test_packed_equals_brute_force(backend, preset)
-
-    @pytest.mark.parametrize("preset", [SHARED_PREFIXES], ids=["shared-prefixes"])
-    def test_rows_fallback_equals_brute_force(self, rows_backend, preset):
-        super().test_rows_fallback_equals_brute_force(rows_backend, preset)
 
 
 @pytest.fixture(scope="module", params=HYBRID_ARCHS)

@@ -9,7 +9,7 @@ import pytest
 
 from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, OptionError
 from pcd_engine.backends import select_backend
-from pcd_engine.models import mlx_config_overrides
+from pcd_engine.models import mlx_config_overrides, mlx_weights_fix
 from tests.conformance import SHARED_PREFIXES, TEXT
 from tests.support import mlx_available, save_tiny, tiny_model
 
@@ -59,6 +59,39 @@ def test_config_overrides_for_transformers5_folders():
     assert mlx_config_overrides(qwen35) == {"full_attention_interval": 4, "model_type": "qwen3_5"}
     full_first = {"layer_types": ["full_attention", "linear_attention"]}
     assert "full_attention_interval" not in mlx_config_overrides(full_first)
+    assert mlx_config_overrides({"model_type": "ministral"}) == {"model_type": "llama"}  # layer_types: sliding
+
+
+def test_gpt_oss_experts_in_transformers_layout_compute_the_same_in_mlx_lms():
+    """transformers: ``x @ gate_up[e]`` with gate and up interleaved; mlx-lm: ``x @ W.T`` per projection."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    experts, hidden, inter = 3, 4, 5
+    p = "model.layers.0.mlp.experts."
+    weights = {
+        p + "gate_up_proj": rng.normal(size=(experts, hidden, 2 * inter)),
+        p + "gate_up_proj_bias": rng.normal(size=(experts, 2 * inter)),
+        p + "down_proj": rng.normal(size=(experts, inter, hidden)),
+        p + "down_proj_bias": rng.normal(size=(experts, hidden)),
+        "model.layers.0.mlp.router.weight": rng.normal(size=(experts, hidden)),
+    }
+    fix = mlx_weights_fix({"model_type": "gpt_oss"})
+    out = fix(weights)
+    assert sorted(out) == sorted(
+        [p + f"{proj}.{kind}" for proj in ("gate_proj", "up_proj", "down_proj") for kind in ("weight", "bias")]
+        + ["model.layers.0.mlp.router.weight"]
+    )
+    x, y = rng.normal(size=hidden), rng.normal(size=inter)
+    for e in range(experts):
+        gate_up = x @ weights[p + "gate_up_proj"][e] + weights[p + "gate_up_proj_bias"][e]
+        np.testing.assert_allclose(x @ out[p + "gate_proj.weight"][e].T + out[p + "gate_proj.bias"][e], gate_up[::2])
+        np.testing.assert_allclose(x @ out[p + "up_proj.weight"][e].T + out[p + "up_proj.bias"][e], gate_up[1::2])
+        down = y @ weights[p + "down_proj"][e] + weights[p + "down_proj_bias"][e]
+        np.testing.assert_allclose(y @ out[p + "down_proj.weight"][e].T + out[p + "down_proj.bias"][e], down)
+    original = {p + "gate_up_proj_blocks": np.zeros((experts, 2 * inter, 1, 16), np.uint8)}  # OpenAI's MXFP4
+    assert fix(original) is original  # mlx-lm's own sanitize reads that layout
+    assert mlx_weights_fix({"model_type": "llama"}) is None
 
 
 @needs_mlx

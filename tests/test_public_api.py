@@ -234,6 +234,13 @@ MODULE_ALL = {
         "versions",
         "write_json",
     ],
+    "pcd_engine.models": [
+        *("ALIASES", "DEFAULT_MODEL", "ModelAlias", "cache_dir", "default_model_path", "gguf_model_path"),
+        *("hub_offline", "in_hub_cache", "mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf"),
+        "resolve_model",
+    ],
+    "pcd_engine.backends.mlx": ["MLXBackend", "load_mlx_model", "preload_blas"],
+    "pcd_engine.backends.torch": ["TorchBackend"],
     "pcd_engine.backends.mlx_tree": [
         "INSTALL_HINT",
         "TreeLayer",
