@@ -321,9 +321,10 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
         A local folder path or a repo id.
 
     Raises:
-        ModelLoadError: If a path-like name does not exist, a folder holds several GGUF files, or the Hugging
-            Face Hub is offline (``HF_HUB_OFFLINE``) and the repo is not in the local cache: then at once, with the
-            command that downloads it, rather than after transformers' retries.
+        ModelLoadError: If a path-like name does not exist, a folder holds several GGUF files, or a repo is not in
+            the local cache and the Hugging Face Hub is offline (``HF_HUB_OFFLINE``), does not answer within
+            :data:`HUB_PROBE_TIMEOUT` seconds, or does not know the repo: then at once, with the command that
+            downloads it, rather than after transformers' retries.
     """
     if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
         return str(default_model_path())
@@ -348,14 +349,50 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
         )
     else:
         repo = name
-    if hub_offline() and not in_hub_cache(repo):
+    if in_hub_cache(repo):
+        return repo
+    if hub_offline():
         raise ModelLoadError(
             f"Model {name!r}: expected {repo!r} in the local Hugging Face cache, but it is not there and the Hub is "
-            f"offline (HF_HUB_OFFLINE is set). Download it where the Hub is reachable with: hf download {repo} "
-            "(then copy the cache, or pass --local-dir DIR and load that folder), or pass a local model folder "
-            "or .gguf file instead: Engine.load('/path/to/folder') or pcd ... --model /path/to/folder."
+            f"offline (HF_HUB_OFFLINE is set). {_fetch_hint(repo)}"
         )
+    _check_hub(name, repo)
     return repo
+
+
+def _fetch_hint(repo: str) -> str:
+    return (
+        f"Download it where the Hub is reachable with: hf download {repo} (then copy the cache, or pass "
+        "--local-dir DIR and load that folder), or pass a local model folder or .gguf file instead: "
+        "Engine.load('/path/to/folder') or pcd ... --model /path/to/folder."
+    )
+
+
+HUB_PROBE_TIMEOUT = 5.0
+"""Seconds that :func:`resolve_model` waits for the Hub to answer one request about a repo that is not cached."""
+
+
+def _check_hub(name: str, repo: str) -> None:
+    """One request to the Hub about ``repo`` before transformers tries to download it: an unreachable Hub or an
+    unknown repo fails here at once, where transformers would retry for half a minute and then report neither."""
+    from huggingface_hub import constants, get_session
+    from huggingface_hub.utils import build_hf_headers
+
+    url = f"{constants.ENDPOINT.rstrip('/')}/api/models/{repo}"
+    try:
+        status = get_session().head(url, headers=build_hf_headers(), timeout=HUB_PROBE_TIMEOUT).status_code
+    except Exception as exc:  # noqa: BLE001 - httpx and requests raise their own classes; any failure is "unreachable"
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(
+            f"Model {name!r}: expected {repo!r} in the local Hugging Face cache or a reachable Hub, but it is not "
+            f"cached and {constants.ENDPOINT} did not answer ({reason}). {_fetch_hint(repo)} Set HF_HUB_OFFLINE=1 "
+            "to skip this check where there is no network."
+        ) from exc
+    if status in (401, 404):
+        raise ModelLoadError(
+            f"Model {name!r}: expected a model repo on {constants.ENDPOINT}, but it answered HTTP {status} for "
+            f"{repo!r}: check the name, or log in (hf auth login) if the repo is private."
+        )
 
 
 def _missing_path(name: str) -> ModelLoadError:

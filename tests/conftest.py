@@ -96,3 +96,34 @@ def tiny_folder_engine(tiny_folder: str) -> Any:
     from pcd_engine import Engine
 
     return Engine.load(tiny_folder, backend="torch")
+
+
+@pytest.fixture
+def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A stand-in Hugging Face Hub on localhost, online: ``HEAD /api/models/ORG/NAME`` answers 404 for a name that
+    contains "missing" and 200 for any other. Yields the list of repos asked about."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import huggingface_hub.constants
+
+    asked: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server's naming
+            repo = self.path.removeprefix("/api/models/")
+            asked.append(repo)
+            self.send_response(404 if "missing" in repo else 200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    yield asked
+    server.shutdown()
+    server.server_close()

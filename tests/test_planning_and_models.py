@@ -74,8 +74,8 @@ def test_scorer_selection(smol_tokenizer):
         TorchBackend(model, smol_tokenizer, scorer="fast")
 
 
-def test_model_names(tmp_path, monkeypatch):
-    monkeypatch.delenv("HF_HUB_OFFLINE")  # online, a repo id passes through to the loader
+def test_model_names(tmp_path, fake_hub):
+    # Online: a repo id that the Hub knows passes through to the loader.
     assert resolve_model("qwen2.5-0.5b") == ALIASES["qwen2.5-0.5b"].torch
     assert resolve_model("qwen2.5-0.5b", backend="mlx") == ALIASES["qwen2.5-0.5b"].mlx
     assert resolve_model(str(tmp_path)) == str(tmp_path)
@@ -85,6 +85,28 @@ def test_model_names(tmp_path, monkeypatch):
     with pytest.raises(ModelLoadError, match="expected an alias"):
         resolve_model("not-a-model")
     assert all(a.torch.count("/") == 1 for a in ALIASES.values())
+    assert fake_hub == [ALIASES["qwen2.5-0.5b"].torch, ALIASES["qwen2.5-0.5b"].mlx, "someorg/some-model"]
+
+
+def test_online_a_repo_the_hub_does_not_know_fails_at_once(fake_hub):
+    with pytest.raises(ModelLoadError, match=r"Model 'someorg/missing-model': .* answered HTTP 404 .*check the name"):
+        Engine.load("someorg/missing-model", backend="torch")
+
+
+def test_online_but_unreachable_hub_fails_at_once_with_the_download_command(fake_hub, monkeypatch):
+    """No HF_HUB_OFFLINE, and nothing answers: one refused request, not half a minute of transformers' retries."""
+    import time
+
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", "http://127.0.0.1:9")  # discard: refused
+    start = time.perf_counter()
+    with pytest.raises(ModelLoadError) as err:
+        Engine.load("qwen3-0.6b", backend="torch")
+    assert time.perf_counter() - start < 5.0  # one request (transformers: about 27 s here)
+    message = str(err.value)
+    assert "did not answer" in message and "hf download Qwen/Qwen3-0.6B" in message
+    assert "Engine.load('/path/to/folder')" in message and "HF_HUB_OFFLINE=1" in message
 
 
 def test_offline_and_not_cached_says_how_to_download_at_once(tmp_path, monkeypatch):

@@ -364,9 +364,9 @@ def assert_one_line(code: int, err: str, *needles: str) -> None:
         assert needle in lines[0], lines[0]
 
 
-def test_pcd_tag_errors_are_one_line_before_the_model_loads(capsys, tmp_path, monkeypatch):
-    # As if online: the repo id passes name resolution, so any load would fail on the network, not with these errors.
-    monkeypatch.delenv("HF_HUB_OFFLINE")
+def test_pcd_tag_errors_are_one_line_before_the_model_loads(capsys, tmp_path, fake_hub):
+    # Online (a stand-in Hub knows the repo): it passes name resolution, and any load would fail on the network, not
+    # with these errors.
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": "x"}])
     (tmp_path / "s.json").write_text(json.dumps(SCHEMA), encoding="utf-8")
     base = ["tag", "org/not-downloaded", "-q", "--input", str(source), "--output", str(tmp_path / "o.parquet")]
