@@ -93,11 +93,14 @@ class Engine:
 
         Args:
             name_or_path: ``None`` for the embedded SmolLM2-135M-Instruct (offline), an alias from
-                :data:`pcd_engine.models.ALIASES`, a local folder, or a Hugging Face repo id.
+                :data:`pcd_engine.models.ALIASES`, a local folder, a ``.gguf`` file (or a folder holding one), a
+                model in the local Ollama store, or a Hugging Face repo id (see
+                :func:`~pcd_engine.models.resolve_model`).
             backend: ``"auto"`` (MLX on Apple silicon when mlx and mlx-lm are installed, else PyTorch),
                 ``"torch"`` or ``"mlx"`` (any machine where mlx imports, Linux CPU included).
             device: Torch device (defaults to CUDA when available, else CPU); for MLX ``"cpu"`` or ``"gpu"``.
             dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``; MLX keeps stored (e.g. 4-bit) weights by default.
+                A GGUF file is converted in this precision (fp32 when ``None``).
             scorer: ``"auto"``, ``"packed"`` or ``"rows"`` (see :class:`~pcd_engine.backends.torch.TorchBackend`
                 and :class:`~pcd_engine.backends.mlx.MLXBackend`).
             **options: Fields of :class:`EngineOptions`.
@@ -112,7 +115,7 @@ class Engine:
         from pcd_engine.models import resolve_model
 
         chosen = select_backend(backend)
-        path = resolve_model(name_or_path, backend=chosen)
+        path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
         if chosen == "mlx":
             from pcd_engine.backends.mlx import MLXBackend
 

@@ -23,11 +23,12 @@ from typing import Any
 import filelock
 import platformdirs
 
-from pcd_engine.errors import ModelLoadError
+from pcd_engine.errors import ModelLoadError, OptionError
 
 __all__ = [
     "ALIASES",
     "DEFAULT_MODEL",
+    "GGUF_DTYPES",
     "ModelAlias",
     "cache_dir",
     "default_model_path",
@@ -130,22 +131,32 @@ def default_model_path() -> Path:
     return _converted(_gguf_file(), cache_dir() / "models" / "smollm2-135m-instruct")
 
 
-def gguf_model_path(gguf: str | os.PathLike[str]) -> Path:
+GGUF_DTYPES = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}
+"""The precisions a GGUF file converts to, and the suffix of each one's folder."""
+
+
+def gguf_model_path(gguf: str | os.PathLike[str], *, dtype: str = "float32") -> Path:
     """A GGUF file as a normal model folder, converted once into the user cache and reused afterwards.
 
     The folder's name holds the file's name and a digest of its resolved path, size and modification time, so an
     edited or replaced file converts again. Quantized tensors (Q4_K, Q8_0, ...) are dequantized by transformers;
-    the folder holds fp32 safetensors, which both backends load (MLX too, unquantized).
+    the folder holds unquantized safetensors in ``dtype``, which both backends load (MLX too, unquantized): 4 bytes
+    a parameter in fp32, 2 in bf16 or fp16.
 
     Args:
         gguf: The ``.gguf`` file (an Ollama blob, which has no extension, works too).
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``: the precision of the converted weights (each has its
+            own folder).
 
     Returns:
         The folder, loadable by ``from_pretrained`` and ``mlx_lm.load``.
 
     Raises:
         ModelLoadError: If the file does not exist, or transformers cannot read its architecture.
+        OptionError: If ``dtype`` is not one of :data:`GGUF_DTYPES`.
     """
+    if dtype not in GGUF_DTYPES:
+        raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
     path = Path(gguf).expanduser().resolve()
     if not path.is_file():
         raise ModelLoadError(f"GGUF {str(gguf)!r}: expected an existing .gguf file, but there is no such file.")
@@ -158,10 +169,10 @@ def gguf_model_path(gguf: str | os.PathLike[str]) -> Path:
     stat = path.stat()
     digest = hashlib.sha256(f"{path}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     stem = path.name.removesuffix(".gguf")
-    return _converted(path, cache_dir() / "models" / "gguf" / f"{stem}-{digest}")
+    return _converted(path, cache_dir() / "models" / "gguf" / f"{stem}-{digest}{GGUF_DTYPES[dtype]}", dtype=dtype)
 
 
-def _converted(gguf: Path, target: Path) -> Path:
+def _converted(gguf: Path, target: Path, *, dtype: str = "float32") -> Path:
     """``target``, converted from ``gguf`` unless it is already complete."""
     if _complete(target):
         return target
@@ -173,7 +184,7 @@ def _converted(gguf: Path, target: Path) -> Path:
             return target
         tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
         try:
-            _convert(gguf, tmp)
+            _convert(gguf, tmp, dtype=dtype)
             if target.exists():
                 shutil.rmtree(target)
             tmp.rename(target)
@@ -193,12 +204,14 @@ def _complete(folder: Path) -> bool:
     return (folder / "config.json").exists() and (folder / "model.safetensors").exists()
 
 
-def _convert(gguf: Path, out: Path) -> None:
-    """Write the GGUF model as a transformers folder (fp32 safetensors, tokenizer, MLX-ready config) to ``out``."""
+def _convert(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
+    """Write the GGUF model as a transformers folder (safetensors in ``dtype``, tokenizer, MLX-ready config) to
+    ``out``."""
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
     # The weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
@@ -307,7 +320,9 @@ def _full_attention_period(types: list[str]) -> int | None:
     return None
 
 
-def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str = "torch") -> str:
+def resolve_model(
+    name_or_path: str | os.PathLike[str] | None, *, backend: str = "torch", dtype: str | None = None
+) -> str:
     """Turn a model name into something ``from_pretrained`` (or ``mlx_lm.load``) can open.
 
     Args:
@@ -316,6 +331,7 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
             ``llama3.2``); or a Hugging Face repo id. GGUF files are converted once into the user cache (see
             :func:`gguf_model_path`).
         backend: ``"torch"`` or ``"mlx"``: which column of the alias table to use.
+        dtype: The precision the model will load in; a GGUF file converts to it (``None``: ``"float32"``).
 
     Returns:
         A local folder path or a repo id.
@@ -329,17 +345,18 @@ def resolve_model(name_or_path: str | os.PathLike[str] | None, *, backend: str =
     if name_or_path is None or str(name_or_path) == DEFAULT_MODEL:
         return str(default_model_path())
     name = str(name_or_path)
+    converted = dtype or "float32"
     if os.path.isfile(name):
-        return str(gguf_model_path(name))
+        return str(gguf_model_path(name, dtype=converted))
     if os.path.isdir(name):
-        return _folder(name)
+        return _folder(name, dtype=converted)
     alias = ALIASES.get(name.lower())
     if alias is not None:
         repo = (alias.mlx or alias.torch) if backend == "mlx" else alias.torch
     elif name.lower().endswith(".gguf") or name.startswith((".", "/", "~")):
         raise _missing_path(name)
     elif (blob := ollama_gguf(name)) is not None:
-        return str(gguf_model_path(blob))
+        return str(gguf_model_path(blob, dtype=converted))
     elif name.count("/") > 1:
         raise _missing_path(name)
     elif "/" not in name or ":" in name:
@@ -402,7 +419,7 @@ def _missing_path(name: str) -> ModelLoadError:
     )
 
 
-def _folder(name: str) -> str:
+def _folder(name: str, *, dtype: str) -> str:
     """A model folder as it is, or the one GGUF file in a folder without ``config.json``, converted."""
     if os.path.exists(os.path.join(name, "config.json")):
         return name
@@ -412,7 +429,7 @@ def _folder(name: str) -> str:
             f"Model {name!r}: expected a model folder or a folder with one .gguf file, but it holds "
             f"{len(found)}: {', '.join(p.name for p in found)}. Pass the file itself."
         )
-    return str(gguf_model_path(found[0])) if found else name
+    return str(gguf_model_path(found[0], dtype=dtype)) if found else name
 
 
 def ollama_dir() -> Path:

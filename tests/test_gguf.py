@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from pcd_engine import Engine, ModelLoadError
+from pcd_engine import Engine, ModelLoadError, OptionError
 from pcd_engine import models as models_module
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.models import gguf_model_path, ollama_gguf, resolve_model
@@ -55,7 +55,7 @@ def test_a_gguf_file_loads_as_the_same_weights_from_the_folder(tiny_gguf, own_ca
         assert got.fields[name].probability == pytest.approx(field.probability, abs=1e-5)
 
     # Converted once: later loads (the file, or the folder holding it) reuse the folder.
-    monkeypatch.setattr(models_module, "_convert", lambda *a: pytest.fail("converted a second time"))
+    monkeypatch.setattr(models_module, "_convert", lambda *a, **k: pytest.fail("converted a second time"))
     assert resolve_model(str(tiny_gguf)) == str(folder)
     assert resolve_model(str(tiny_gguf.parent)) == str(folder)
     if mlx_available():  # the converted folder is plain fp32 safetensors: MLX loads it unquantized
@@ -63,14 +63,33 @@ def test_a_gguf_file_loads_as_the_same_weights_from_the_folder(tiny_gguf, own_ca
         assert on_mlx.values == got.values
 
 
+def test_a_gguf_converts_to_bfloat16_in_a_folder_of_its_own(tiny_gguf, own_cache):
+    """``dtype="bfloat16"`` halves the converted folder: its own folder, bf16 tensors, the fp32 model's values
+    rounded to bf16 (the same decisions on the probe)."""
+    from safetensors import safe_open
+
+    engine = Engine.load(str(tiny_gguf), backend="torch", dtype="bfloat16")
+    folder = Path(resolve_model(str(tiny_gguf), dtype="bfloat16"))
+    assert folder.name.endswith("-bf16") and folder != Path(resolve_model(str(tiny_gguf)))
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    full = Engine.load(str(tiny_gguf), backend="torch")
+    for name, param in engine.backend.model.named_parameters():
+        wide = dict(full.backend.model.named_parameters())[name]
+        assert param.dtype == torch.bfloat16 and torch.equal(param, wide.to(torch.bfloat16)), name
+    assert engine.extract(TEXT, SHARED_PREFIXES).values == full.extract(TEXT, SHARED_PREFIXES).values
+    with pytest.raises(OptionError, match="dtype: expected 'float32', 'bfloat16' or 'float16', but got 'int4'"):
+        gguf_model_path(tiny_gguf, dtype="int4")
+
+
 def test_two_processes_loading_one_gguf_convert_it_once(tiny_gguf, own_cache):
     script = (
         "import sys\n"
         "from pcd_engine import models\n"
         "real = models._convert\n"
-        "def counted(gguf, out):\n"
+        "def counted(gguf, out, **kw):\n"
         "    print('converted', flush=True)\n"
-        "    real(gguf, out)\n"
+        "    real(gguf, out, **kw)\n"
         "models._convert = counted\n"
         "print(models.resolve_model(sys.argv[1]))\n"
     )
@@ -103,7 +122,9 @@ def test_an_ollama_model_name_loads_its_gguf_blob(tiny_gguf, own_cache, tmp_path
     assert ollama_gguf("registry.ollama.ai/library/smol:2l") == blob
     assert ollama_gguf("smol") is None  # no "latest" tag in this store
     converted = []
-    monkeypatch.setattr(models_module, "gguf_model_path", lambda path: converted.append(path) or Path("/converted"))
+    monkeypatch.setattr(
+        models_module, "gguf_model_path", lambda path, **_: converted.append(path) or Path("/converted")
+    )
     assert resolve_model("smol:2l") == "/converted" and converted == [blob]
     with pytest.raises(ModelLoadError, match=r"Model 'smol:9b'.*a model in the local Ollama store"):
         resolve_model("smol:9b")

@@ -235,7 +235,15 @@ MODULE_ALL = {
         "write_json",
     ],
     "pcd_engine.models": [
-        *("ALIASES", "DEFAULT_MODEL", "ModelAlias", "cache_dir", "default_model_path", "gguf_model_path"),
+        *(
+            "ALIASES",
+            "DEFAULT_MODEL",
+            "GGUF_DTYPES",
+            "ModelAlias",
+            "cache_dir",
+            "default_model_path",
+            "gguf_model_path",
+        ),
         *("hub_offline", "in_hub_cache", "mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf"),
         "resolve_model",
     ],

@@ -290,7 +290,9 @@ def cmd_tag(args: argparse.Namespace) -> int:
     options = _options(args)
     chosen = select_backend(args.backend)
     name = None if args.model in ("default", DEFAULT_MODEL) else args.model
-    model_id = f"{resolve_model(name, backend=chosen)} ({chosen}{', ' + args.dtype if args.dtype else ''})"
+    model_id = (
+        f"{resolve_model(name, backend=chosen, dtype=args.dtype)} ({chosen}{', ' + args.dtype if args.dtype else ''})"
+    )
     identity = job_identity(
         schema, model=model_id, options=options, columns={"text": args.text_column, "id": args.id_column}
     )
@@ -387,7 +389,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         host=args.host,
         allowed_hosts=args.allow_host,
-        aliases=[args.model, resolve_model(given, backend=engine.backend.name)],
+        aliases=[args.model, resolve_model(given, backend=engine.backend.name, dtype=args.dtype)],
         api_key=api_key,
         cors_origins=args.cors_origin,
         batch_window_ms=None if args.batch_window < 0 else args.batch_window,
@@ -414,11 +416,14 @@ def _with_model(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
         metavar="MODEL",
         nargs="?" if optional else None,
         default="default",
-        help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder or a repo id",
+        help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder, a .gguf file, "
+        "a model in the local Ollama store or a repo id",
     )
     p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"), help="default: auto")
     p.add_argument("--device", default=None, help="torch device (cpu, cuda) or MLX device (cpu, gpu)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16", "float16"))
+    p.add_argument(
+        "--dtype", default=None, choices=("float32", "bfloat16", "float16"), help="weights (a GGUF converts to it)"
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or loading messages")
 
 
