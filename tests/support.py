@@ -55,7 +55,7 @@ def template_tokenizer(name: str) -> Any:
 # ------------------------------------------------------------------------------------------ tiny random models
 
 ARCHS = ["llama", "qwen2", "qwen3", "gemma2", "gemma3"]
-MORE_ARCHS = ["mistral", "ministral", "granite", "gemma4", "gpt_oss"]
+MORE_ARCHS = ["mistral", "ministral", "ministral3", "granite", "gemma4", "gpt_oss"]
 """Further architectures with attention layers only, run through the PyTorch conformance suite (the full matrix of
 suites runs on :data:`ARCHS`)."""
 HYBRID_ARCHS = ["lfm2", "qwen3_5"]
@@ -108,6 +108,12 @@ def tiny_model(arch: str, vocab_size: int, *, seed: int = 0) -> Any:
         config = tf.MinistralConfig(
             head_dim=16, sliding_window=16, layer_types=["sliding_attention", "full_attention"], **common
         )
+    elif arch == "ministral3":
+        # Ministral 3 / Mistral 3's text model: YaRN, and Llama 4's query scaling, which grows past the original
+        # positions (128 here, so the probe's prompt crosses them).
+        rope = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 16.0, "original_max_position_embeddings": 128}
+        rope |= {"beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}
+        config = tf.Ministral3Config(head_dim=16, rope_parameters=rope, tie_word_embeddings=False, **common)
     elif arch == "granite":
         # Granite scales embeddings, residuals, attention and logits by its multipliers.
         config = tf.GraniteConfig(

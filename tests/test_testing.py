@@ -10,10 +10,10 @@ from pcd_engine.errors import OptionError
 from pcd_engine.testing import BackendReport, check_backend
 from pcd_engine.tools.check import CHECKS
 from tests.conformance import shift_tree_positions
-from tests.support import ARCHS, HYBRID_ARCHS, tiny_model
+from tests.support import ARCHS, HYBRID_ARCHS, MORE_ARCHS, load_mlx_twin, mlx_available, save_tiny, tiny_model
 
 
-@pytest.fixture(scope="module", params=ARCHS + HYBRID_ARCHS)
+@pytest.fixture(scope="module", params=ARCHS + MORE_ARCHS + HYBRID_ARCHS)
 def tiny_arch_engine(request, smol_tokenizer):
     return Engine(TorchBackend(tiny_model(request.param, len(smol_tokenizer)), smol_tokenizer))
 
@@ -29,6 +29,16 @@ def test_check_backend_passes_on_every_tiny_architecture(tiny_arch_engine):
     assert (report.backend, report.scorer, report.weights_dtype) == ("torch", expected_scorer, "float32")
     assert report.tolerance == 2e-3
     assert str(report).endswith(f"{len(CHECKS)}/{len(CHECKS)} checks passed")
+
+
+@pytest.mark.mlx
+@pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
+@pytest.mark.parametrize(("arch", "scorer"), [("llama", "packed"), ("gpt_oss", "packed"), ("ministral3", "rows")])
+def test_check_backend_passes_on_mlx(arch, scorer, smol_tokenizer, tmp_path):
+    folder = save_tiny(tiny_model(arch, len(smol_tokenizer)), smol_tokenizer, tmp_path)
+    report = check_backend(Engine(load_mlx_twin(folder, smol_tokenizer)[0]))
+    assert report.passed, str(report)
+    assert (report.backend, report.scorer) == ("mlx", scorer)
 
 
 def test_check_backend_fails_on_a_shifted_position(tiny_engine, monkeypatch):

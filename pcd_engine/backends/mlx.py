@@ -51,6 +51,9 @@ __all__ = ["MLXBackend", "load_mlx_model", "preload_blas"]
 _MASKABLE_CACHES = {"KVCache", "RotatingKVCache"}
 # Attention modules that reshape queries to [B, kv_heads, repeats, L, D] and mask the scores themselves.
 _GROUPED_SCORES = {"mlx_lm.models.gemma2"}
+# Attention modules that also use positions outside RoPE, computed from the cache offset as a batch of offsets
+# (Ministral 3's Llama 4 query scaling): a packed pass's one-position-per-token offset would not fit them.
+_POSITIONS_OUTSIDE_ROPE = {"mlx_lm.models.ministral3"}
 
 
 @dataclass
@@ -106,11 +109,18 @@ class MLXBackend(Backend):
         kinds = {type(c).__name__ for c in defaults}
         layers = list(getattr(model, "layers", []))
         attention: list[Any] = [getattr(layer, "self_attn", None) for layer in layers]
-        maskable = bool(layers) and kinds <= _MASKABLE_CACHES and all(hasattr(a, "rope") for a in attention)
+        modules = sorted({type(a).__module__ for a in attention})
+        maskable = (
+            bool(layers)
+            and kinds <= _MASKABLE_CACHES
+            and all(hasattr(a, "rope") for a in attention)
+            and not _POSITIONS_OUTSIDE_ROPE.intersection(modules)
+        )
         if scorer == "packed" and not maskable:
             raise OptionError(
-                f"Scorer 'packed': expected plain or rotating KV caches and attention layers with a 'rope', but this "
-                f"model has caches {sorted(kinds)}. Use scorer='auto'."
+                "Scorer 'packed': expected plain or rotating KV caches and attention layers whose only use of "
+                f"positions is a 'rope', but this model has caches {sorted(kinds)} and attention from {modules}. "
+                "Use scorer='auto'."
             )
         self.scorer = "packed" if scorer == "auto" and maskable else ("rows" if scorer == "auto" else scorer)
         self._shared = TreePass()
