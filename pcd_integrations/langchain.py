@@ -5,7 +5,7 @@ Structured output compiles the schema's closed fields into token tries and decid
 per wave; the reply's content is the JSON object, and each field's probability, candidate mass and alternatives
 are in the message's ``response_metadata["pcd"]``. A ``batch`` of structured calls is ONE engine call.
 
-Install with ``pip install "pcd[langchain]"``.
+Install with ``pip install "pcd-llm[langchain]"``.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal
 
-from pcd_engine.errors import require
+from pcd_engine.errors import pip_install, require
 
-require("langchain_core", what="pcd_integrations.langchain", install="pip install 'pcd[langchain]'")
+require("langchain_core", what="pcd_integrations.langchain", install=pip_install("langchain"))
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput

@@ -6,7 +6,7 @@
 * :class:`PCDMetadataExtractor` tags a batch of nodes (RAG ingestion) with one engine call per ``batch_size``
   nodes; values are JSON-safe, and per-field probabilities can be stored under a key prefix.
 
-Install with ``pip install "pcd[llamaindex]"``.
+Install with ``pip install "pcd-llm[llamaindex]"``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
-from pcd_engine.errors import require
+from pcd_engine.errors import pip_install, require
 
-require("llama_index.core", what="pcd_integrations.llamaindex", install="pip install 'pcd[llamaindex]'")
+require("llama_index.core", what="pcd_integrations.llamaindex", install=pip_install("llamaindex"))
 
 from llama_index.core.base.llms.types import ChatMessage as LIChatMessage
 from llama_index.core.base.llms.types import (

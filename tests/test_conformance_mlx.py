@@ -29,7 +29,7 @@ from tests.support import (
 
 pytestmark = [
     pytest.mark.mlx,
-    pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')"),
+    pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd-llm[mlx]')"),
 ]
 
 

@@ -30,7 +30,7 @@ LAYERS = 2
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory) -> Path:
     return write_truncated_gguf(
-        models_module._gguf_file(), tmp_path_factory.mktemp("gguf") / "smol-2l.gguf", layers=LAYERS
+        models_module.embedded_gguf(), tmp_path_factory.mktemp("gguf") / "smol-2l.gguf", layers=LAYERS
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
-pytest.importorskip("langchain_core", reason="pip install 'pcd[langchain]'")
+pytest.importorskip("langchain_core", reason="pip install 'pcd-llm[langchain]'")
 
 from langchain_core.callbacks import BaseCallbackHandler  # noqa: E402
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage  # noqa: E402
@@ -389,8 +389,8 @@ def test_importing_an_adapter_without_its_extra_names_the_extra():
     import sys
 
     for module, package, extra in [
-        ("pcd_integrations.langchain", "langchain_core", "pcd[langchain]"),
-        ("pcd_integrations.llamaindex", "llama_index.core", "pcd[llamaindex]"),
+        ("pcd_integrations.langchain", "langchain_core", "pcd-llm[langchain]"),
+        ("pcd_integrations.llamaindex", "llama_index.core", "pcd-llm[llamaindex]"),
     ]:
         code = f"import sys; sys.modules[{package!r}] = None; import {module}"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

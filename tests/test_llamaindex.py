@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from pcd_engine.errors import ContextError
 
-pytest.importorskip("llama_index.core", reason="pip install 'pcd[llamaindex]'")
+pytest.importorskip("llama_index.core", reason="pip install 'pcd-llm[llamaindex]'")
 
 from llama_index.core import VectorStoreIndex  # noqa: E402
 from llama_index.core.extractors import PydanticProgramExtractor  # noqa: E402

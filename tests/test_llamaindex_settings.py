@@ -7,7 +7,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-pytest.importorskip("llama_index.core", reason="pip install 'pcd[llamaindex]'")
+pytest.importorskip("llama_index.core", reason="pip install 'pcd-llm[llamaindex]'")
 
 from llama_index.core import Settings  # noqa: E402
 from llama_index.core.llms import ChatMessage  # noqa: E402

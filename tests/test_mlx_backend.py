@@ -14,7 +14,9 @@ from tests.conformance import SHARED_PREFIXES, TEXT
 from tests.support import mlx_available, save_tiny, tiny_model
 
 pytestmark = pytest.mark.mlx
-needs_mlx = pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
+needs_mlx = pytest.mark.skipif(
+    not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd-llm[mlx]')"
+)
 
 
 def test_auto_picks_mlx_only_on_apple_silicon(monkeypatch):

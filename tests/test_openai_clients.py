@@ -9,7 +9,7 @@ from typing import Any, Literal
 import pytest
 from pydantic import BaseModel
 
-pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
+pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 
 from pcd_engine.collector import Collector  # noqa: E402
 from pcd_engine.tools.serve import create_app  # noqa: E402

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
+pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 openai = pytest.importorskip("openai")
 
 from pcd_engine.calls import Tool, decide_tools  # noqa: E402

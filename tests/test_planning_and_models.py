@@ -150,10 +150,10 @@ def test_the_embedded_model_is_converted_once_under_a_lock(tmp_path, monkeypatch
     from pcd_engine import models
 
     monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(models, "_gguf_file", lambda: tmp_path / "model.gguf")
+    monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
     calls = []
 
-    def fake_convert(gguf, out):
+    def fake_convert(gguf, out, **_):
         calls.append(out)
         time.sleep(0.3)  # long enough for the other threads to arrive while it runs
         (out / "config.json").write_text("{}")

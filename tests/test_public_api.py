@@ -235,18 +235,16 @@ MODULE_ALL = {
         "write_json",
     ],
     "pcd_engine.models": [
-        *(
-            "ALIASES",
-            "DEFAULT_MODEL",
-            "GGUF_DTYPES",
-            "ModelAlias",
-            "cache_dir",
-            "default_model_path",
-            "gguf_model_path",
-        ),
-        *("hub_offline", "in_hub_cache", "mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf"),
-        "resolve_model",
+        *("ALIASES", "DEFAULT_MODEL", "EMBEDDED_PACKAGE", "GGUF_DTYPES", "ModelAlias", "cache_dir"),
+        *("default_model_path", "embedded_gguf", "gguf_model_path", "hub_offline", "in_hub_cache"),
+        *("mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf", "resolve_model"),
     ],
+    "pcd_engine.errors": [
+        *("DISTRIBUTION", "pip_install", "require", "BackendUnavailableError", "ContextError", "DatasetError"),
+        *("InputError", "LimitError", "ModelLoadError", "OptionError", "PCDError", "PromptAlignmentError"),
+        *("RequestCancelled", "RequestTimeout", "SchemaError"),
+    ],
+    "pcd_engine.tools.default_model": ["ModelSetup", "folder_bytes", "setup_default_model"],
     "pcd_engine.backends.mlx": ["MLXBackend", "load_mlx_model", "preload_blas"],
     "pcd_engine.backends.torch": ["TorchBackend"],
     "pcd_engine.backends.mlx_tree": [

@@ -15,7 +15,7 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel
 
-pytest.importorskip("fastapi", reason="pip install 'pcd[serve]'")
+pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 
 from fastapi.testclient import TestClient  # noqa: E402
 

@@ -32,7 +32,7 @@ def test_check_backend_passes_on_every_tiny_architecture(tiny_arch_engine):
 
 
 @pytest.mark.mlx
-@pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd[mlx]')")
+@pytest.mark.skipif(not mlx_available(), reason="mlx and mlx-lm are not installed (pip install 'pcd-llm[mlx]')")
 @pytest.mark.parametrize(("arch", "scorer"), [("llama", "packed"), ("gpt_oss", "packed"), ("ministral3", "rows")])
 def test_check_backend_passes_on_mlx(arch, scorer, smol_tokenizer, tmp_path):
     folder = save_tiny(tiny_model(arch, len(smol_tokenizer)), smol_tokenizer, tmp_path)

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.errors import require
+from pcd_engine.errors import pip_install, require
 
 __all__ = ["INSTALL_HINT", "TreeLayer", "TreePass", "import_mlx", "module_wrappers", "preload_blas"]
 
-INSTALL_HINT = 'pip install "pcd[mlx]" (on Linux: pip install "mlx[cpu]" mlx-lm)'
+INSTALL_HINT = f'{pip_install("mlx")} (on Linux: pip install "mlx[cpu]" mlx-lm)'
 
 
 def preload_blas() -> bool:

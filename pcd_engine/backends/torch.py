@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
-from pcd_engine.errors import ModelLoadError, OptionError, require
+from pcd_engine.errors import ModelLoadError, OptionError, pip_install, require
 from pcd_engine.tree import TreeBatch
 
 __all__ = ["TorchBackend"]
@@ -32,7 +32,7 @@ _MASKABLE_KERNELS = {"eager", "sdpa"}
 
 
 def _torch() -> Any:
-    install = "pip install 'pcd[torch]' (on CPU: pip install torch==2.13.0 first)"
+    install = f"{pip_install('torch')} (on CPU: pip install torch==2.13.0 first)"
     return require("torch", what="Backend 'torch'", install=install)[0]
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 
-from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, require
+from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, pip_install, require
 from pcd_engine.generation import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
@@ -233,7 +233,7 @@ def outlines_model(engine: Engine) -> Any:
         BackendUnavailableError: If outlines is not installed or the engine is not on the torch backend.
     """
     backend = _torch_backend(engine)
-    (outlines,) = require("outlines", what="Outlines baseline", install="pip install 'pcd[bench]'")
+    (outlines,) = require("outlines", what="Outlines baseline", install=pip_install("bench"))
     if engine not in _OUTLINES:
         _OUTLINES[engine] = (outlines.from_transformers(backend.model, backend.tokenizer), {})
     return _OUTLINES[engine][0]

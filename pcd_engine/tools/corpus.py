@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.errors import InputError, PCDError, require
+from pcd_engine.errors import InputError, PCDError, pip_install, require
 
 __all__ = ["FORMATS", "CorpusDocument", "check_unique", "json_lines", "read_corpus"]
 
@@ -108,7 +108,7 @@ def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
 
 
 def _parquet_rows(path: Path, columns: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    (pq,) = require("pyarrow.parquet", what="reading Parquet input", install="pip install 'pcd[tag]'")
+    (pq,) = require("pyarrow.parquet", what="reading Parquet input", install=pip_install("tag"))
     try:
         names = pq.read_schema(path).names
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pcd_engine.errors import DatasetError, require
+from pcd_engine.errors import DatasetError, pip_install, require
 from pcd_engine.tools.corpus import json_lines
 
 __all__ = ["LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"]
@@ -153,7 +153,7 @@ def classification_metrics(
             f"Metrics: expected as many predictions as gold labels (at least one), but got {len(predicted)} "
             f"predictions for {len(gold)} labels."
         )
-    (metrics,) = require("sklearn.metrics", what="pcd eval metrics", install="pip install 'pcd[eval]'")
+    (metrics,) = require("sklearn.metrics", what="pcd eval metrics", install=pip_install("eval"))
     classes = list(dict.fromkeys([*(labels or ()), *sorted(set(gold))]))
     columns = classes + sorted(set(predicted) - set(classes))
     gold, predicted = list(gold), list(predicted)

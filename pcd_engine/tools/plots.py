@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.errors import require
+from pcd_engine.errors import pip_install, require
 
 __all__ = ["plot_bench", "plot_eval"]
 
 
 def _pyplot() -> Any:
-    (matplotlib,) = require("matplotlib", what="Plot", install="pip install 'pcd[bench]'")
+    (matplotlib,) = require("matplotlib", what="Plot", install=pip_install("bench"))
     matplotlib.use("Agg")  # files only; never open a window
     import matplotlib.pyplot as plt
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pcd_engine.errors import SchemaError, require
+from pcd_engine.errors import SchemaError, pip_install, require
 from pcd_engine.result import ExtractionResult
 from pcd_engine.schema import FieldSpec, Schema
 
@@ -38,7 +38,7 @@ _JSON_TYPES: dict[str, Scalar] = {"boolean": "bool", "string": "string", "intege
 
 
 def _pa() -> Any:
-    (pa,) = require("pyarrow", what="tag tables (pcd tag)", install="pip install 'pcd[tag]'")
+    (pa,) = require("pyarrow", what="tag tables (pcd tag)", install=pip_install("tag"))
     return pa
 
 

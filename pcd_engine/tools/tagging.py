@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.checks import check_text
-from pcd_engine.errors import ContextError, InputError, OptionError, require
+from pcd_engine.errors import ContextError, InputError, OptionError, pip_install, require
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.corpus import CorpusDocument, check_unique, read_corpus
@@ -93,7 +93,7 @@ class TagSummary:
 
 
 def _pq() -> Any:
-    (pq,) = require("pyarrow.parquet", what="pcd tag (Parquet output)", install="pip install 'pcd[tag]'")
+    (pq,) = require("pyarrow.parquet", what="pcd tag (Parquet output)", install=pip_install("tag"))
     return pq
 
 

@@ -16,8 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine import __version__
 from pcd_engine.collector import Collector
-from pcd_engine.errors import OptionError, require
+from pcd_engine.errors import OptionError, pip_install, require
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["LOOPBACK", "HostCheck", "KeyCheck", "Server", "create_app", "header_timeout_protocol"]
 
 LOOPBACK = ("localhost", "127.0.0.1", "::1")
-INSTALL = "pip install 'pcd[serve]'"
+INSTALL = pip_install("serve")
 
 
 @dataclass(frozen=True)
@@ -215,7 +216,7 @@ def create_app(
         engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases),
         collector=collector,
     )  # fmt: skip
-    app = fastapi.FastAPI(title="pcd", version="0.1.0", docs_url="/docs", redoc_url=None)
+    app = fastapi.FastAPI(title="pcd", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.server = server
     if api_key:
         app.add_middleware(KeyCheck, key=api_key)
