@@ -41,7 +41,7 @@ def main(argv: list[str]) -> int:
     print(f"text: {text}\n")
     print(f"{'field':<14} {'value':<10} {'prob':>6} {'mass':>6}  alternatives")
     for f in out.fields.values():
-        alts = ", ".join(f"{a.value}={a.probability:.2f}" for a in f.alternatives[1:3])
+        alts = ", ".join(f"{a.value}={a.probability:.2f}" for a in f.runners_up())
         mass = "-" if f.candidate_mass is None else f"{f.candidate_mass:.2f}"
         prob = "gen" if f.probability is None else f"{f.probability:.2f}"
         print(f"{f.name:<14} {str(f.value):<10} {prob:>6} {mass:>6}  {alts}")

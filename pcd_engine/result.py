@@ -87,6 +87,12 @@ class FieldResult:
     truncated: bool = False
     bounded_labels: int = 0
 
+    def runners_up(self, n: int = 2) -> tuple[Alternative, ...]:
+        """The ``n`` most probable alternatives that are not the answer, best first: for a multi-label field the
+        labels it did not choose, for the others the labels other than ``value``."""
+        chosen = self.value if isinstance(self.value, list) else [self.value]
+        return tuple(a for a in self.alternatives if a.value not in chosen)[:n]
+
 
 @dataclass(frozen=True)
 class ExtractionStats:

@@ -6,6 +6,7 @@ installed console script in a subprocess to prove the entry point and the error 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 import subprocess
@@ -583,3 +584,44 @@ def test_a_closed_pipe_ends_pcd_quietly():
         timeout=120,
     )
     assert shell.returncode == 0 and shell.stderr == "" and shell.stdout.startswith("|")
+
+
+# ------------------------------------------------------------------------------------------------ progress
+
+
+def test_the_progress_bar_names_the_step_that_is_running(capsys):
+    """Each frame with k steps done names step k + 1 (the old bar named the step that had just finished), and the
+    first step shows from its start."""
+    import re
+
+    from pcd_engine.tools.terminal import progress
+
+    steps = ("load", "score", "write")
+    with progress(3, quiet=False, delay=0) as tick:
+        for step in steps:
+            tick(step)
+    frames = [f for f in re.split(r"[\r\n]", capsys.readouterr().err) if re.search(r"\b\d/3\b", f)]
+    labelled = [bool(re.match(r"\w+:", f)) for f in frames]
+    first = labelled.index(True)
+    assert all(labelled[first:])  # only the frames before the first step starts have no name
+    shown = set()
+    for frame in frames[first:]:
+        done = int(re.search(r"\b(\d)/3\b", frame).group(1))
+        if done < 3:
+            assert frame.startswith(f"{steps[done]}:"), frame
+            shown.add(done)
+    assert shown == {0, 1, 2}
+
+
+def test_pcd_check_labels_each_check_while_it_runs(capsys, tiny, monkeypatch):
+    from pcd_engine.tools import check, cli
+
+    labels = []
+
+    @contextlib.contextmanager
+    def recording(total, **_):
+        yield labels.append
+
+    monkeypatch.setattr(cli, "progress", recording)
+    code, _, _ = run(capsys, "check", tiny, "--backend", "torch", "-q")
+    assert code == 0 and labels == [name for name, _ in check.CHECKS]

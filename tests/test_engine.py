@@ -74,6 +74,18 @@ def test_low_confidence_thresholds(engine):
     assert [f.name for f in everything] == list(out.values)
 
 
+def test_runners_up_never_repeat_the_answer():
+    from pcd_engine.result import Alternative, FieldResult
+
+    alts = (Alternative("a", 0.5), Alternative("b", 0.3), Alternative("c", 0.15), Alternative("d", 0.05))
+    single = FieldResult("f", "b", 0.3, 0.9, "exact", alts, 0)  # chosen below the top (a threshold, a tie rule)
+    assert [a.value for a in single.runners_up()] == ["a", "c"]
+    multi = FieldResult("m", ["a", "c"], 0.15, 0.9, "exact", alts, 0)
+    assert [a.value for a in multi.runners_up()] == ["b", "d"]
+    assert [a.value for a in multi.runners_up(1)] == ["b"]
+    assert FieldResult("g", "x", None, None, "generated", (), 1).runners_up() == ()
+
+
 def test_extract_many_in_order(engine):
     texts = [TEXT, "Great service, thanks!", "Where is my parcel?"]
     many = engine.extract_many(texts, Ticket)

@@ -144,8 +144,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     from pcd_engine.tools.check import CHECKS, check_backend
 
     engine = _engine(args)
+    upcoming = iter([name for name, _ in CHECKS])
     with progress(len(CHECKS), quiet=args.quiet, unit="check") as tick:
-        report = check_backend(engine, tol=args.tol, on_check=lambda c: tick(c.name))
+        tick(next(upcoming))  # the label names the check that is running; each one ends by naming the next
+
+        def finished(_check: Any) -> None:
+            following = next(upcoming, None)
+            if following is not None:
+                tick(following)
+
+        report = check_backend(engine, tol=args.tol, on_check=finished)
     print(f"model: {args.model}; {_describe(engine)}; tolerance {report.tolerance:.0e}\n")
     print(
         table(
@@ -188,7 +196,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             json.dumps(f.value, ensure_ascii=False),
             "generated" if f.probability is None else f"{f.probability:.2f}",
             _fmt_mass(f.candidate_mass),
-            ", ".join(f"{json.dumps(a.value, ensure_ascii=False)}={a.probability:.2f}" for a in f.alternatives[1:3]),
+            ", ".join(f"{json.dumps(a.value, ensure_ascii=False)}={a.probability:.2f}" for a in f.runners_up()),
         )
         for f in out.fields.values()
     ]

@@ -27,24 +27,67 @@ def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 @contextmanager
-def progress(total: int, *, quiet: bool, unit: str = "step") -> Iterator[Callable[[str], None]]:
-    """A tqdm bar on stderr; yields ``tick(description)``, which names the step about to run."""
+def progress(total: int, *, quiet: bool, unit: str = "step", delay: float = 1.0) -> Iterator[Callable[[str], None]]:
+    """A tqdm bar on stderr; yields ``tick(description)``, called as each step starts, with its name.
+
+    The bar shows the step that is running: the count of finished steps and the running step's name change in
+    one refresh. A command that ends within ``delay`` seconds shows nothing; past it, the bar appears even in the
+    middle of a long first step, and its clock keeps moving (a refresh every second) while a step runs.
+
+    Args:
+        total: The number of steps.
+        quiet: Show nothing.
+        unit: What a step is called.
+        delay: Seconds before the bar first appears.
+    """
+    import threading
+
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, unit=unit, file=sys.stderr, disable=quiet, delay=1.0, leave=False, dynamic_ncols=True)
+    # mininterval=0: every step start is drawn (steps are long enough), so the label is never a step behind.
+    bar = tqdm(
+        total=total,
+        unit=unit,
+        file=sys.stderr,
+        disable=quiet,
+        delay=delay,
+        leave=False,
+        dynamic_ncols=True,
+        mininterval=0,
+    )
     started = [False]
+    lock = threading.Lock()
+    stop = threading.Event()
 
     def tick(description: str) -> None:
-        if started[0]:
-            bar.update(1)
-        started[0] = True
-        bar.set_description(description, refresh=False)
+        with lock:
+            bar.set_description(description, refresh=False)
+            if started[0]:
+                bar.update(1)  # refreshes with the new step's name
+            elif delay <= 0:
+                bar.refresh()
+            started[0] = True
 
+    def keep_showing() -> None:
+        if not stop.wait(delay):
+            while True:
+                with lock:
+                    bar.refresh()
+                if stop.wait(1.0):
+                    return
+
+    clock = None if quiet else threading.Thread(target=keep_showing, daemon=True)
+    if clock is not None:
+        clock.start()
     try:
         yield tick
         if started[0]:
-            bar.update(1)
+            with lock:
+                bar.update(1)
     finally:
+        stop.set()
+        if clock is not None:
+            clock.join()
         bar.close()
 
 
