@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pcd_engine import Engine, PCDError
+from pcd_engine.tools.terminal import RESULT_HEAD, result_rows, shorten, show_table
 
 
 class Ticket(BaseModel):
@@ -38,13 +39,8 @@ def main(argv: list[str]) -> int:
     except PCDError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(f"text: {text}\n")
-    print(f"{'field':<14} {'value':<10} {'prob':>6} {'mass':>6}  alternatives")
-    for f in out.fields.values():
-        alts = ", ".join(f"{a.value}={a.probability:.2f}" for a in f.runners_up())
-        mass = "-" if f.candidate_mass is None else f"{f.candidate_mass:.2f}"
-        prob = "gen" if f.probability is None else f"{f.probability:.2f}"
-        print(f"{f.name:<14} {str(f.value):<10} {prob:>6} {mass:>6}  {alts}")
+    print(f"text: {shorten(text)}\n")
+    show_table(RESULT_HEAD, result_rows(out))
     print(f"\nmodel: {out.model!r}")
     s = out.stats
     print(

@@ -7,6 +7,7 @@ installed console script in a subprocess to prove the entry point and the error 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import shlex
 import subprocess
@@ -46,10 +47,13 @@ def run(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
 def table_rows(out: str, first_cell: str) -> list[list[str]]:
     """Rows of the Markdown table whose header starts with ``first_cell``, split into cells."""
     lines = out.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_cell} |"))
+    start = next(i for i, line in enumerate(lines) if " ".join(line.split()).startswith(f"| {first_cell} |"))
     rows = []
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
@@ -171,7 +175,6 @@ def test_run_json_is_the_full_result(capsys, tiny, tmp_path):
 
 
 def test_run_reads_the_text_from_stdin(capsys, tiny, tmp_path, monkeypatch):
-    import io
 
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps(TICKET_SCHEMA))
@@ -272,7 +275,7 @@ def test_bench_against_both_baselines(capsys, tiny, tmp_path):
     argv = ["bench", tiny, "support_triage", "catalogue_255", "--against", "ar,outlines,walk", "--repeats", "1"]
     code, out, _ = run(capsys, *argv, "--backend", "torch", "--plot", str(plot), "--json", str(raw), "-q")
     assert code == 0, out
-    header = next(line for line in out.splitlines() if line.startswith("| preset |"))
+    header = next(" ".join(line.split()) for line in out.splitlines() if line.startswith("| preset "))
     for column in ("pcd ms", "ar ms", "ar valid", "speed-up vs ar", "outlines ms", "speed-up vs outlines", "walk ms"):
         assert f"| {column} |" in header
     rows = table_rows(out, "preset")
@@ -625,3 +628,62 @@ def test_pcd_check_labels_each_check_while_it_runs(capsys, tiny, monkeypatch):
     monkeypatch.setattr(cli, "progress", recording)
     code, _, _ = run(capsys, "check", tiny, "--backend", "torch", "-q")
     assert code == 0 and labels == [name for name, _ in check.CHECKS]
+
+
+# ------------------------------------------------------------------------------------------------ tables
+
+
+def test_tables_are_padded_markdown_when_piped_and_rich_on_a_terminal():
+
+    from pcd_engine.tools.terminal import show_table
+
+    head, rows = ("field", "value"), [("topics", '["billing", "shipping"]'), ("a|b", "x\ny")]
+    piped = io.StringIO()
+    show_table(head, rows, file=piped)
+    lines = piped.getvalue().splitlines()
+    assert len({len(line) for line in lines}) == 1  # every column lines up
+    assert lines[0] == "| field  | value                   |" and lines[3] == "| a\\|b   | x y                     |"
+    assert "\x1b[" not in piped.getvalue()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    screen = Terminal()
+    show_table(head, [("summary", "word " * 60)], file=screen)
+    drawn = screen.getvalue().splitlines()
+    assert "┃" in drawn[1] or "│" in drawn[1]  # rich's box
+    assert max(len(line) for line in drawn if "\x1b" not in line) <= 80  # wrapped to the terminal's width
+
+
+def test_pcd_check_json(capsys, tiny):
+    code, out, _ = run(capsys, "check", tiny, "--backend", "torch", "-q", "--json")
+    report = json.loads(out)
+    assert code == 0 and report["passed"] is True and report["tolerance"] == 2e-3
+    assert [c["name"] for c in report["checks"]] == [name for name, _ in __import__("pcd_engine").tools.check.CHECKS]
+
+
+@pytest.mark.real_model
+def test_the_demo_prints_one_table_and_its_screenshot_is_saved(capsys, default_engine):
+    """``python -m pcd_engine``: the text, then the result table (plain when piped), whose runners-up never repeat
+    the answer; the same table as the terminal shows it is saved as test-artifacts/demo-table.svg."""
+    from rich.console import Console
+
+    from pcd_engine.__main__ import EXAMPLE, Ticket, main
+    from pcd_engine.tools.terminal import RESULT_HEAD, result_rows, show_table
+
+    assert main([]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"text: {EXAMPLE}\n\n| field ") and "\x1b[" not in out
+    rows = table_rows(out, "field")
+    assert [r[0] for r in rows] == list(Ticket.model_fields)
+    for name, value, *_, runners_up in rows:
+        shown = json.loads(value)
+        for chosen in shown if isinstance(shown, list) else [shown]:
+            assert f"{json.dumps(chosen)}=" not in runners_up, name
+
+    recording = Console(record=True, width=110, file=io.StringIO(), force_terminal=True)
+    show_table(RESULT_HEAD, result_rows(default_engine.extract(EXAMPLE, Ticket)), console=recording)
+    ARTIFACTS.mkdir(exist_ok=True)
+    recording.save_svg(str(ARTIFACTS / "demo-table.svg"), title="python -m pcd_engine")
+    assert (ARTIFACTS / "demo-table.svg").read_text().startswith("<svg")

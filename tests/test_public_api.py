@@ -186,7 +186,7 @@ MODULE_ALL = {
         "classification_metrics",
         "load_dataset",
     ],
-    "pcd_engine.tools.plots": ["plot_bench", "plot_eval"],
+    "pcd_engine.tools.plots": ["bench_figure", "eval_figure", "plot_bench", "plot_eval"],
     "pcd_engine.tools.serve": ["create_app", "header_timeout_protocol"],
     "pcd_engine.tools.serve.app": [
         "LOOPBACK",

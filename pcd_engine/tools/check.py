@@ -278,6 +278,17 @@ class BackendReport:
         """The checks that failed."""
         return tuple(c for c in self.checks if not c.passed)
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as plain JSON data (``pcd check --json``)."""
+        return {
+            "backend": self.backend,
+            "scorer": self.scorer,
+            "weights_dtype": self.weights_dtype,
+            "tolerance": self.tolerance,
+            "passed": self.passed,
+            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail, "ms": c.ms} for c in self.checks],
+        }
+
     def __str__(self) -> str:
         lines = [f"{self.backend} backend ({self.scorer} scorer, {self.weights_dtype}, tolerance {self.tolerance:.0e})"]
         lines += [f"  {'pass' if c.passed else 'FAIL'}  {c.name}: {c.detail}" for c in self.checks]

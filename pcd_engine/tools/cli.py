@@ -23,12 +23,15 @@ from pcd_engine.models import ALIASES, DEFAULT_MODEL, EMBEDDED_PACKAGE
 from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions, check_batch_size
 from pcd_engine.tools.examples import EXAMPLE_PRESETS
 from pcd_engine.tools.terminal import (
+    RESULT_HEAD,
     dataset_name,
     progress,
     read_json,
     read_preset,
     read_text,
-    table,
+    result_rows,
+    shorten,
+    show_table,
     versions,
     write_json,
 )
@@ -74,10 +77,6 @@ def _describe(engine: Engine) -> str:
     return f"backend {backend.name} ({backend.scorer} scorer), python {platform.python_version()}"
 
 
-def _fmt_mass(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
 # ------------------------------------------------------------------------------------------------ commands
 
 
@@ -103,7 +102,7 @@ def cmd_models(args: argparse.Namespace) -> int:
         )
         for a in ALIASES.values()
     ]
-    print(table(("alias", "PyTorch checkpoint", "MLX checkpoint", "local"), rows))
+    show_table(("alias", "PyTorch checkpoint", "MLX checkpoint", "local"), rows)
     print(
         "\n'local' lists the checkpoints already in the Hugging Face cache; fetch another with: hf download REPO. "
         "Any local folder or repo id works too; only the default needs no download."
@@ -154,12 +153,13 @@ def cmd_check(args: argparse.Namespace) -> int:
                 tick(following)
 
         report = check_backend(engine, tol=args.tol, on_check=finished)
+    if args.json:
+        print(json.dumps({"model": args.model, **report.to_json()}, indent=2))
+        return 0 if report.passed else 1
     print(f"model: {args.model}; {_describe(engine)}; tolerance {report.tolerance:.0e}\n")
-    print(
-        table(
-            ("check", "result", "detail", "ms"),
-            [(c.name, "pass" if c.passed else "FAIL", c.detail, f"{c.ms:.0f}") for c in report.checks],
-        )
+    show_table(
+        ("check", "result", "detail", "ms"),
+        [(c.name, "pass" if c.passed else "FAIL", c.detail, f"{c.ms:.0f}") for c in report.checks],
     )
     print(f"\n{len(report.checks) - len(report.failures)}/{len(report.checks)} checks passed")
     return 0 if report.passed else 1
@@ -190,17 +190,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out.to_json(), indent=2, ensure_ascii=False))
         return 0
-    rows = [
-        (
-            f.name,
-            json.dumps(f.value, ensure_ascii=False),
-            "generated" if f.probability is None else f"{f.probability:.2f}",
-            _fmt_mass(f.candidate_mass),
-            ", ".join(f"{json.dumps(a.value, ensure_ascii=False)}={a.probability:.2f}" for a in f.runners_up()),
-        )
-        for f in out.fields.values()
-    ]
-    print(table(("field", "value", "probability", "candidate mass", "next alternatives"), rows))
+    print(f"text: {shorten(text)}\n")
+    show_table(RESULT_HEAD, result_rows(out))
     s = out.stats
     print(
         f"\n{len(out.fields)} fields, {s.forward_passes} forward passes, {s.waves} waves, {s.prompt_tokens} prompt "
@@ -244,7 +235,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if r.full_answer_ms is not None:
             line += [f"{r.full_answer_ms:.0f} ({r.full_answer_tokens} tok)", f"{r.full_answer_ms / r.pcd_ms:.1f}x"]
         rows_out.append(line)
-    print(table(head, rows_out))
+    show_table(head, rows_out)
     setups = [f"{r.preset} {b.setup_ms:.0f} ms" for r in rows for b in r.baselines if b.setup_ms]
     if setups:
         print(f"\noutlines index compilation (once per schema, not in the medians): {', '.join(setups)}")
@@ -253,7 +244,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         from pcd_engine.tools.plots import plot_bench
 
-        print(f"plot: {plot_bench(rows, args.plot, title=f'pcd against its baselines ({args.model})')}")
+        settings = f"{engine.backend.name} {args.dtype or 'default dtype'}, medians of {args.repeats}"
+        baselines, presets_run = ", ".join(against) or "no baseline", ", ".join(r.preset for r in rows)
+        title = f"{args.model}: pcd against {baselines} on {presets_run} ({settings})"
+        print(f"plot: {plot_bench(rows, args.plot, title=title)}")
     return 0
 
 
@@ -274,32 +268,31 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     print(f"model: {args.model}; {_describe(engine)}; {len(docs)} documents (seed {args.seed})")
     print(versions() + "\n")
-    print(
-        table(
-            ("method", "accuracy", "macro-F1", "mean ms / doc", "invalid", "agreement with pcd"),
-            [
-                (
-                    m.method,
-                    f"{m.metrics.accuracy:.1%}",
-                    f"{m.metrics.macro_f1:.3f}",
-                    f"{m.mean_ms:.0f}",
-                    m.invalid,
-                    f"{m.agreement_with_pcd:.1%}",
-                )
-                for m in report.methods
-            ],
-        )
+    show_table(
+        ("method", "accuracy", "macro-F1", "mean ms / doc", "invalid", "agreement with pcd"),
+        [
+            (
+                m.method,
+                f"{m.metrics.accuracy:.1%}",
+                f"{m.metrics.macro_f1:.3f}",
+                f"{m.mean_ms:.0f}",
+                m.invalid,
+                f"{m.agreement_with_pcd:.1%}",
+            )
+            for m in report.methods
+        ],
     )
     for m in report.methods:
         print(f"\nconfusion matrix, {m.method} (rows: gold, columns: predicted)\n")
         rows = [(gold, *counts) for gold, counts in zip(m.metrics.labels, m.metrics.confusion, strict=True)]
-        print(table(("gold \\ predicted", *m.metrics.columns), rows))
+        show_table(("gold \\ predicted", *m.metrics.columns), rows)
     if args.json:
         write_json(args.json, {"model": args.model, "versions": versions(), "report": report.to_json()})
     if args.plot:
         from pcd_engine.tools.plots import plot_eval
 
-        print(f"\nplot: {plot_eval(report, args.plot, title=f'{args.model} on {dataset_name(args.dataset)}')}")
+        title = f"{args.model} ({engine.backend.name}) on {dataset_name(args.dataset)}, field {args.field!r}"
+        print(f"\nplot: {plot_eval(report, args.plot, title=title)}")
     return 0
 
 
@@ -622,6 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tol", type=float, default=None, help="largest log-prob difference allowed (default: 2e-3 fp32, 0.15 else)"
     )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check)
     for add in (_add_run, _add_bench, _add_eval, _add_tag, _add_serve):
         add(sub)

@@ -1,14 +1,16 @@
-"""Plots for ``pcd bench`` and ``pcd eval``, drawn with matplotlib (the ``bench`` extra) into image files."""
+"""Plots for ``pcd bench`` and ``pcd eval``, drawn with matplotlib (the ``bench`` extra): the figures, and the image
+files ``--plot`` writes."""
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pcd_engine.errors import pip_install, require
 
-__all__ = ["plot_bench", "plot_eval"]
+__all__ = ["bench_figure", "eval_figure", "plot_bench", "plot_eval"]
 
 
 def _pyplot() -> Any:
@@ -27,8 +29,62 @@ def _save(plt: Any, fig: Any, path: str | Path) -> Path:
     return out
 
 
+def bench_figure(rows: Sequence[Any], *, title: str = "pcd against its baselines") -> Any:
+    """The bar chart of :func:`plot_bench`, as a matplotlib figure (not saved, not closed).
+
+    Milliseconds per document on a linear axis, one group of bars per preset: pcd, pcd in one pass, each baseline
+    and AR writing the full answer. Every bar carries its value (and, past pcd's own two, how many times pcd's
+    time it is); a baseline whose answer was invalid is hatched and says so, with how many fields agreed.
+
+    Args:
+        rows: :class:`~pcd_engine.tools.bench.BenchRow` items.
+        title: The figure title (name the model, presets and settings).
+    """
+    plt = _pyplot()
+    series: list[tuple[str, list[float], list[Any]]] = [
+        ("pcd", [r.pcd_ms for r in rows], [None] * len(rows)),
+        ("pcd 1-pass", [r.one_pass_ms for r in rows], [None] * len(rows)),
+    ]
+    for i, run in enumerate(rows[0].baselines if rows else ()):
+        series.append((run.method, [r.baselines[i].ms for r in rows], [r.baselines[i] for r in rows]))
+    if rows and rows[0].full_answer_ms is not None:
+        series.append(("ar (full answer)", [r.full_answer_ms or 0.0 for r in rows], [None] * len(rows)))
+    from matplotlib.patches import Patch
+
+    width = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(max(7.0, 2.2 * len(rows) + 3), 5.0))
+    handles = []
+    invalid = False
+    for k, (label, values, runs) in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))]
+        bars = ax.bar(xs, values, width, label=label)
+        handles.append(Patch(facecolor=bars[0].get_facecolor(), label=label))
+        for bar, row, value, run in zip(bars, rows, values, runs, strict=True):
+            text = f"{value:.0f} ms" + (f"\n{value / row.pcd_ms:.1f}x" if k >= 2 else "")
+            if run is not None and not run.valid:
+                bar.set_hatch("//")
+                bar.set_edgecolor("black")
+                text += f"\ninvalid\n{run.agree}/{row.fields} agree"
+                invalid = True
+            ax.annotate(
+                text,
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+            )
+    ax.set_xticks(range(len(rows)), [f"{r.preset}\n({r.fields} fields)" for r in rows], fontsize=8)
+    ax.set_ylabel("ms per document (median)")
+    ax.margins(y=0.25)  # room for the values on the bars
+    ax.set_title("\n".join(textwrap.wrap(title, 90)), fontsize=10)
+    if invalid:
+        handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="invalid answer"))
+    ax.legend(handles=handles, fontsize=8)
+    return fig
+
+
 def plot_bench(rows: Sequence[Any], path: str | Path, *, title: str = "pcd against its baselines") -> Path:
-    """Bar chart of milliseconds per preset (log scale): pcd, pcd one-pass, and each baseline, speed-ups on top.
+    """Write :func:`bench_figure` to an image file.
 
     Args:
         rows: :class:`~pcd_engine.tools.bench.BenchRow` items.
@@ -38,47 +94,19 @@ def plot_bench(rows: Sequence[Any], path: str | Path, *, title: str = "pcd again
     Returns:
         The path written.
     """
-    plt = _pyplot()
-    series: dict[str, list[float]] = {"pcd": [r.pcd_ms for r in rows], "pcd 1-pass": [r.one_pass_ms for r in rows]}
-    for i, run in enumerate(rows[0].baselines if rows else ()):
-        series[run.method] = [r.baselines[i].ms for r in rows]
-    if rows and rows[0].full_answer_ms is not None:
-        series["ar (full answer)"] = [r.full_answer_ms or 0.0 for r in rows]
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.8 * len(rows) + 2), 4.5))
-    for k, (label, values) in enumerate(series.items()):
-        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(rows))]
-        bars = ax.bar(xs, values, width, label=label)
-        if k >= 2:
-            for bar, row, value in zip(bars, rows, values, strict=True):
-                ax.annotate(
-                    f"{value / row.pcd_ms:.1f}x",
-                    (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center",
-                    va="bottom",
-                    fontsize=7,
-                )
-    ax.set_xticks(range(len(rows)), [f"{r.preset}\n({r.fields} fields)" for r in rows], fontsize=8)
-    ax.set_yscale("log")
-    ax.set_ylabel("ms per document (median, log scale)")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    return _save(plt, fig, path)
+    return _save(_pyplot(), bench_figure(rows, title=title), path)
 
 
-def plot_eval(report: Any, path: str | Path, *, title: str = "Accuracy against latency") -> Path:
-    """Scatter of accuracy against mean ms per document (log scale), one point per method.
+def eval_figure(report: Any, *, title: str = "Accuracy against latency") -> Any:
+    """The scatter of :func:`plot_eval`, as a matplotlib figure (not saved, not closed): accuracy against mean ms
+    per document on a linear axis, each point labelled with its method, accuracy and macro-F1.
 
     Args:
         report: An :class:`~pcd_engine.tools.eval.EvalReport`.
-        path: The image file to write.
-        title: The figure title.
-
-    Returns:
-        The path written.
+        title: The figure title (the document count is added).
     """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for score in report.methods:
         ax.scatter([score.mean_ms], [score.metrics.accuracy], s=60, label=score.method)
         ax.annotate(
@@ -88,11 +116,24 @@ def plot_eval(report: Any, path: str | Path, *, title: str = "Accuracy against l
             xytext=(6, 6),
             fontsize=8,
         )
-    ax.set_xscale("log")
-    ax.margins(x=0.35)  # room for the labels
-    ax.set_xlabel("mean ms per document (log scale)")
+    ax.set_xlim(0, max((s.mean_ms for s in report.methods), default=1.0) * 1.4)  # room for the labels
+    ax.set_xlabel("mean ms per document")
     ax.set_ylabel(f"accuracy on {report.field!r}")
     ax.set_ylim(0, 1.05)
-    ax.set_title(f"{title} ({len(report.gold)} documents)")
+    ax.set_title("\n".join(textwrap.wrap(f"{title} ({len(report.gold)} documents)", 80)), fontsize=10)
     ax.grid(alpha=0.3)
-    return _save(plt, fig, path)
+    return fig
+
+
+def plot_eval(report: Any, path: str | Path, *, title: str = "Accuracy against latency") -> Path:
+    """Write :func:`eval_figure` to an image file.
+
+    Args:
+        report: An :class:`~pcd_engine.tools.eval.EvalReport`.
+        path: The image file to write.
+        title: The figure title.
+
+    Returns:
+        The path written.
+    """
+    return _save(_pyplot(), eval_figure(report, title=title), path)

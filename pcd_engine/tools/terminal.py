@@ -16,14 +16,86 @@ from pcd_engine.errors import InputError
 from pcd_engine.schema import Preset, load_preset
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
-__all__ = ["dataset_name", "progress", "read_json", "read_preset", "read_text", "table", "versions", "write_json"]
+__all__ = [
+    "dataset_name",
+    "progress",
+    "read_json",
+    "read_preset",
+    "read_text",
+    "RESULT_HEAD",
+    "result_rows",
+    "shorten",
+    "show_table",
+    "table",
+    "versions",
+    "write_json",
+]
 
 
 def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    """A Markdown table with its columns padded to line up (plain text: what piped output and files get)."""
+    cells = [[str(c) for c in head], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"]
+    lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells[1:]]
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return " ".join(str(value).split("\n")).replace("|", "\\|")
+
+
+def show_table(head: Sequence[str], rows: Sequence[Sequence[Any]], *, file: Any = None, console: Any = None) -> None:
+    """Print a table: on a terminal with rich (aligned, long values wrapped to the width, a bold header), else as
+    :func:`table` (plain padded Markdown, no escape codes).
+
+    Args:
+        head: The column names.
+        rows: The rows, one value per column.
+        file: Where to print (default stdout); a terminal gets rich's table.
+        console: A ``rich.console.Console`` to print to instead (a recording one can save the table as SVG).
+    """
+    out = sys.stdout if file is None else file
+    if console is None and not getattr(out, "isatty", lambda: False)():
+        print(table(head, rows), file=out)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    grid = Table(*head, header_style="bold", show_lines=False, expand=False)
+    for row in rows:
+        grid.add_row(*(str(c) for c in row))
+    (console or Console(file=out, soft_wrap=False)).print(grid)
+
+
+RESULT_HEAD = ("field", "value", "probability", "candidate mass", "next alternatives")
+"""The columns of :func:`result_rows`."""
+
+
+def result_rows(out: Any) -> list[tuple[str, ...]]:
+    """One row per field of an :class:`~pcd_engine.result.ExtractionResult`: its value (JSON), probability (or
+    "generated"), candidate mass and the two runners-up (never the answer itself), for :func:`show_table`."""
+
+    def js(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    return [
+        (
+            f.name,
+            js(f.value),
+            "generated" if f.probability is None else f"{f.probability:.2f}",
+            "-" if f.candidate_mass is None else f"{f.candidate_mass:.2f}",
+            ", ".join(f"{js(a.value)}={a.probability:.2f}" for a in f.runners_up()),
+        )
+        for f in out.fields.values()
+    ]
+
+
+def shorten(text: str, width: int = 200) -> str:
+    """``text`` on one line, cut to ``width`` characters with an ellipsis and the full length when longer."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else f"{flat[: width - 1]}… ({len(flat)} characters)"
 
 
 @contextmanager
