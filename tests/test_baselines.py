@@ -100,7 +100,7 @@ def test_outlines_needs_the_package_and_the_torch_backend(default_engine, monkey
     with pytest.raises(BackendUnavailableError, match="torch backend"):
         generate_outlines(Engine(), TEXT, Ticket)
     monkeypatch.setitem(sys.modules, "outlines", None)
-    with pytest.raises(BackendUnavailableError, match=r"pcd\[bench\]"):
+    with pytest.raises(BackendUnavailableError, match=r"pip install \"pcd-llm\[bench\]\""):
         generate_outlines(default_engine, TEXT, Ticket)
 
 

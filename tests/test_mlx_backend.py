@@ -35,7 +35,7 @@ def test_auto_picks_mlx_only_on_apple_silicon(monkeypatch):
 def test_missing_mlx_says_how_to_install(monkeypatch):
     for name in ("mlx", "mlx.core", "mlx_lm"):
         monkeypatch.setitem(sys.modules, name, None)  # makes `import mlx.core` raise ImportError
-    with pytest.raises(BackendUnavailableError, match=r"Backend 'mlx'.*Install with: pip install \"pcd\[mlx\]\""):
+    with pytest.raises(BackendUnavailableError, match=r"Backend 'mlx'.*Install with: pip install \"pcd-llm\[mlx\]\""):
         Engine.load(backend="mlx")
 
 

@@ -225,14 +225,8 @@ MODULE_ALL = {
     "pcd_engine.tools.serve.openai_api": ["field_logprobs", "openai_router"],
     "pcd_engine.tools.serve.responses_api": ["responses_router"],
     "pcd_engine.tools.terminal": [
-        "dataset_name",
-        "progress",
-        "read_json",
-        "read_preset",
-        "read_text",
-        "table",
-        "versions",
-        "write_json",
+        *("RESULT_HEAD", "dataset_name", "progress", "read_json", "read_preset", "read_text", "result_rows"),
+        *("shorten", "show_table", "table", "versions", "write_json"),
     ],
     "pcd_engine.models": [
         *("ALIASES", "DEFAULT_MODEL", "EMBEDDED_PACKAGE", "GGUF_DTYPES", "ModelAlias", "cache_dir"),
