@@ -230,7 +230,7 @@ MODULE_ALL = {
     ],
     "pcd_engine.models": [
         *("ALIASES", "DEFAULT_MODEL", "EMBEDDED_PACKAGE", "GGUF_DTYPES", "ModelAlias", "cache_dir"),
-        *("default_model_path", "embedded_gguf", "gguf_model_path", "hub_offline", "in_hub_cache"),
+        *("default_model_path", "embedded_dir", "embedded_gguf", "gguf_model_path", "hub_offline", "in_hub_cache"),
         *("mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf", "resolve_model"),
     ],
     "pcd_engine.errors": [
