@@ -4,6 +4,7 @@ Every allowed value of every field is compiled into a token trie, and all the tr
 one tree-packed forward pass on top of the schema's cached prompt head.
 """
 
+from pcd_engine.calibration import Calibrator
 from pcd_engine.chat import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
 from pcd_engine.collector import Collector
 from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
@@ -37,6 +38,7 @@ __all__ = [
     "Alternative",
     "BackendUnavailableError",
     "BaselineResult",
+    "Calibrator",
     "ChatMessage",
     "ContextError",
     "DatasetError",

@@ -77,6 +77,12 @@ class Engine:
         self._collector_lock = threading.Lock()
         given = self.options.pass_cost
         self._pass_cost: PassCost | None = None if given is None else PassCost(float(given[0]), float(given[1]))
+        config = getattr(getattr(backend, "model", None), "config", None)
+        named = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+        self.model_id: str = str(named or type(getattr(backend, "model", backend)).__name__)
+        """Which model this is, for what must not be mixed across models (a calibration): the name it was loaded
+        by (an alias, folder, file or repo id), or the model's own name where the engine was built around a
+        backend. The backend and dtype are not part of it (they agree to 1e-4 on the same weights)."""
 
     @classmethod
     def load(
@@ -112,17 +118,20 @@ class Engine:
             ModelLoadError: If the model cannot be found or loaded.
             BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
-        from pcd_engine.models import resolve_model
+        from pcd_engine.models import DEFAULT_MODEL, resolve_model
 
         chosen = select_backend(backend)
         path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
         if chosen == "mlx":
             from pcd_engine.backends.mlx import MLXBackend
 
-            return cls(MLXBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
-        from pcd_engine.backends.torch import TorchBackend
+            engine = cls(MLXBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
+        else:
+            from pcd_engine.backends.torch import TorchBackend
 
-        return cls(TorchBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
+            engine = cls(TorchBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
+        engine.model_id = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
+        return engine
 
     # ------------------------------------------------------------------------------------------ public
 
@@ -287,7 +296,8 @@ class Engine:
         """
         given = ExtractOptions.parse(options)
         single = ExtractOptions.parse(knobs, where="extract")
-        return single.over(given.over(self.options.defaults()))
+        merged = single.over(given.over(self.options.defaults()))
+        return merged.read_whole() if merged.calibration is not None else merged
 
     # ------------------------------------------------------------------------------------------ heads
 

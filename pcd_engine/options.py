@@ -94,6 +94,10 @@ class ExtractOptions:
         quoted_booleans: See :class:`PromptFormat`.
         chat_template_kwargs: See :class:`PromptFormat` (a mapping is accepted and stored as sorted pairs).
         limits: Per-request limits (labels, generated tokens, time).
+        calibration: A :class:`~pcd_engine.calibration.Calibrator` fitted on this schema and model (or its JSON
+            data): each closed field's label distribution is corrected for the model's label prior, and the
+            decision follows the corrected one (results keep the raw probability too). Its fields are read
+            whole (``staging="one_pass"``; the trie walk becomes ``"exact"``), so every label has a probability.
 
     Raises:
         OptionError: On construction, if a value has the wrong type or is out of range.
@@ -111,6 +115,7 @@ class ExtractOptions:
     quoted_booleans: bool | None = None
     chat_template_kwargs: Any = None
     limits: RequestLimits | None = None
+    calibration: Any = None
 
     def __post_init__(self) -> None:
         if self.strategy is not None:
@@ -141,6 +146,22 @@ class ExtractOptions:
             object.__setattr__(self, "chat_template_kwargs", _pairs(self.chat_template_kwargs))
         if self.limits is not None and not isinstance(self.limits, RequestLimits):
             raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
+        if self.calibration is not None:
+            from pcd_engine.calibration import Calibrator
+
+            if isinstance(self.calibration, Mapping):
+                object.__setattr__(self, "calibration", Calibrator.from_json(self.calibration))
+            elif not isinstance(self.calibration, Calibrator):
+                raise OptionError(
+                    f"calibration: expected a Calibrator (or its JSON), but got {type(self.calibration).__name__}."
+                )
+
+    def read_whole(self) -> ExtractOptions:
+        """These options with every closed field read whole (``staging="one_pass"``, the trie walk as
+        ``"exact"``), so that each label has its full probability: how a calibrated call runs, and how a
+        calibration is fitted."""
+        strategy = "exact" if self.strategy in (None, "trie_walk") else self.strategy
+        return replace(self, staging="one_pass", strategy=strategy)
 
     @classmethod
     def parse(cls, data: ExtractOptions | Mapping[str, Any] | None, *, where: str = "options") -> ExtractOptions:

@@ -161,6 +161,8 @@ class Request:
             RequestCancelled: If cancelled, or out of time, before the head prefill.
         """
         backend = engine.backend
+        if call.calibration is not None:
+            call.calibration.check(schema, engine.model_id)
         open_fields = [f for f in schema.fields if not f.scored]
         check_sizes(schema, open_fields, call)
         for spec in open_fields:
@@ -276,18 +278,20 @@ class Request:
         for (spec, _q), decision in zip(asked, decisions, strict=True):
             decided.setdefault(spec.name, []).append(decision)
         options = self.engine.options
+        calibration = self.call.calibration
         for spec in wave:
+            prior = None if calibration is None else calibration.field(spec.name)
             if spec.kind == "multi":
                 self.results[spec.name] = multi_result(
                     spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning,
+                    low_mass_warning=options.low_mass_warning, prior=prior,
                 )  # fmt: skip
             else:
                 fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
                 decision = decided[spec.name][0] if spec.name in decided else fixed
                 self.results[spec.name] = scored_result(
                     spec, decision, index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning,
+                    low_mass_warning=options.low_mass_warning, prior=prior,
                 )  # fmt: skip
         # Later waves read the anchor and the answers they depend on; writing every answer would only add prompt
         # tokens to process (a 28-field schema writes ~9 tokens per field).

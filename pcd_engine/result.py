@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pcd_engine.schema import FieldSpec, LabelValue, Schema
 
 if TYPE_CHECKING:
+    from pcd_engine.calibration import FieldPrior
     from pcd_engine.decoding import Decision
     from pcd_engine.generation import Generated
 
@@ -71,6 +72,11 @@ class FieldResult:
         bounded_labels: For a field read in stages (:mod:`pcd_engine.staging`), how many labels were proven to
             lose without reading their last tokens: their probabilities (and so ``candidate_mass`` and the
             renormalized ``probability``) use an upper bound of their score. 0 when every label was read in full.
+        raw_probability: With a calibration (:mod:`pcd_engine.calibration`), the model's own probability of
+            ``value`` before the correction (``probability``, ``alternatives`` and ``label_probabilities`` are
+            the calibrated ones, and the decision follows them); ``None`` without one.
+        label_distribution: For a scored single-label field, every label's probability in label order (what
+            ``alternatives`` shows the top of; calibrated with a calibration); ``None`` otherwise.
     """
 
     name: str
@@ -86,6 +92,8 @@ class FieldResult:
     tokens: int = 0
     truncated: bool = False
     bounded_labels: int = 0
+    raw_probability: float | None = None
+    label_distribution: tuple[float, ...] | None = None
 
     def runners_up(self, n: int = 2) -> tuple[Alternative, ...]:
         """The ``n`` most probable alternatives that are not the answer, best first: for a multi-label field the
@@ -250,10 +258,12 @@ def multi_result(
     *,
     top_k: int,
     low_mass_warning: float,
+    prior: FieldPrior | None = None,
 ) -> FieldResult:
     """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
-    or kept, and the list is in label order."""
-    yes = [d.probabilities[0] for d in decisions]
+    or kept, and the list is in label order. With a ``prior``, each label's "yes" is calibrated first."""
+    raw = [d.probabilities[0] for d in decisions]
+    yes = raw if prior is None else [prior.correct_yes(i, p) for i, p in enumerate(raw)]
     by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
     chosen = {i for i in by_yes if yes[i] >= 0.5}
     chosen |= set(by_yes[: spec.min_items])
@@ -267,15 +277,17 @@ def multi_result(
             "of the labels; it wanted to write something else."
         )
     sure = [yes[i] if i in chosen else 1.0 - yes[i] for i in range(len(yes))]
+    least = min(range(len(yes)), key=lambda i: (sure[i], i))
     return FieldResult(
         name=spec.name,
         value=[spec.labels[i].value for i in sorted(chosen)],
-        probability=min(sure),
+        probability=sure[least],
         candidate_mass=mass,
         method=decisions[0].method,
         alternatives=tuple(Alternative(spec.labels[i].value, yes[i]) for i in by_yes[:top_k]),
         wave=wave,
         label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
+        raw_probability=None if prior is None else (raw[least] if least in chosen else 1.0 - raw[least]),
     )
 
 
@@ -305,11 +317,23 @@ def generated_result(
 
 
 def scored_result(
-    spec: FieldSpec, decision: Decision, wave: int, warnings: list[str], *, top_k: int, low_mass_warning: float
+    spec: FieldSpec,
+    decision: Decision,
+    wave: int,
+    warnings: list[str],
+    *,
+    top_k: int,
+    low_mass_warning: float,
+    prior: FieldPrior | None = None,
 ) -> FieldResult:
     """A scored field's result: its label, probability, mass and alternatives; a low mass or a near tie adds a
-    warning."""
+    warning. With a ``prior``, the distribution is calibrated first and the label is the calibrated argmax (the
+    lowest index on a tie)."""
     probs = decision.probabilities
+    label = decision.label
+    if prior is not None and len(probs) > 1:
+        probs = prior.correct(probs)
+        label = max(range(len(probs)), key=lambda i: (probs[i], -i))
     order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[:top_k]
     alternatives = tuple(Alternative(spec.labels[i].value, probs[i]) for i in order)
     mass = decision.candidate_mass
@@ -325,11 +349,13 @@ def scored_result(
         )
     return FieldResult(
         name=spec.name,
-        value=spec.labels[decision.label].value,
-        probability=probs[decision.label],
+        value=spec.labels[label].value,
+        probability=probs[label],
         candidate_mass=mass,
         method=decision.method,
         alternatives=alternatives,
         wave=wave,
         bounded_labels=decision.bounded,
+        raw_probability=None if prior is None or len(probs) < 2 else decision.probabilities[label],
+        label_distribution=tuple(probs) if len(probs) > 1 else None,
     )

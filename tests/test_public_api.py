@@ -10,6 +10,7 @@ EXPECTED_ENGINE = [
     "Alternative",
     "BackendUnavailableError",
     "BaselineResult",
+    "Calibrator",
     "ChatMessage",
     "Collector",
     "ContextError",
@@ -232,6 +233,9 @@ MODULE_ALL = {
         *("ALIASES", "DEFAULT_MODEL", "EMBEDDED_PACKAGE", "GGUF_DTYPES", "ModelAlias", "cache_dir"),
         *("default_model_path", "embedded_dir", "embedded_gguf", "gguf_model_path", "hub_offline", "in_hub_cache"),
         *("mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf", "resolve_model"),
+    ],
+    "pcd_engine.calibration": [
+        *("CALIBRATION_METHODS", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"),
     ],
     "pcd_engine.errors": [
         *("DISTRIBUTION", "pip_install", "require", "BackendUnavailableError", "ContextError", "DatasetError"),

@@ -1,0 +1,349 @@
+"""Calibration: correcting the model's label prior with the user's own unlabelled documents.
+
+A small model asked to pick a label leans towards some labels whatever the document says (the first one listed,
+a frequent word): its distributions behave as posteriors computed under a skewed label prior ``b``. Prior
+correction divides each document's label distribution by ``b`` and renormalizes, ``p(y|x) ~ q(y|x) / b(y)``: the
+decision then follows the evidence the document adds, not the model's habit. Two estimates of ``b`` from
+unlabelled documents: ``"mean"``, the mean predicted distribution; ``"em"``, the prior under which the corrected
+distributions average to uniform, found by the EM iteration of Saerens, Latinne & Decaestecker (2002) run with the
+roles of the two priors swapped (the mean pulls towards uniform, so it under-corrects a strong lean).
+
+A :class:`Calibrator` holds, per closed field, the labels and the two distributions. It is tied to the schema it was
+fitted on (its fingerprint: the prompt, so the label order too) and to the model, and refuses any other; it is saved
+and loaded as JSON. Calibration promises nothing about documents unlike the ones it was fitted on, and a field
+whose labels are rare in the corpus keeps a prior estimated from few documents (``documents`` says how many).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pcd_engine.errors import InputError, OptionError
+from pcd_engine.schema import FieldSpec, Schema
+
+__all__ = ["CALIBRATION_METHODS", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"]
+
+CALIBRATION_METHODS = ("mean", "em")
+"""``"mean"``: ``b`` is the mean predicted distribution. ``"em"``: ``b`` is the prior whose correction makes the
+corrected distributions average to uniform (:func:`em_bias`)."""
+
+_FORMAT = "pcd-calibration/1"
+
+
+def mean_prior(distributions: Sequence[Sequence[float]]) -> tuple[float, ...]:
+    """The mean of the rows: the model's average distribution over the labels on these documents."""
+    if not distributions:
+        raise OptionError("Calibration: expected at least one document's label distribution, but got none.")
+    width = len(distributions[0])
+    total = [0.0] * width
+    for row in distributions:
+        for i, p in enumerate(row):
+            total[i] += p
+    return _normalized([t / len(distributions) for t in total])
+
+
+def em_bias(
+    distributions: Sequence[Sequence[float]], *, iterations: int = 500, tolerance: float = 1e-9
+) -> tuple[float, ...]:
+    """The label prior ``b`` under which these posteriors look computed, assuming the documents' own labels are
+    balanced: dividing every row by ``b`` makes the rows average to uniform.
+
+    Saerens et al.'s EM with the roles swapped: start from the mean, correct every row by the current ``b``, and
+    move each label's ``b`` by how far its corrected mean is from uniform, until none is.
+
+    Args:
+        distributions: One posterior (over the same labels) per document.
+        iterations: The most steps.
+        tolerance: Stop when every corrected mean is this close to uniform.
+    """
+    bias = list(mean_prior(distributions))
+    width = len(bias)
+    for _ in range(iterations):
+        corrected = mean_prior([reweight(row, [1.0 / b if b > 0 else 0.0 for b in bias]) for row in distributions])
+        if max(abs(c - 1.0 / width) for c in corrected) < tolerance:
+            break
+        bias = list(_normalized([b * c * width for b, c in zip(bias, corrected, strict=True)]))
+    return tuple(bias)
+
+
+def reweight(probabilities: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
+    """``probabilities * weights``, renormalized (all zero stays as it was)."""
+    return _normalized([p * w for p, w in zip(probabilities, weights, strict=True)], fallback=probabilities)
+
+
+def _normalized(values: Sequence[float], *, fallback: Sequence[float] | None = None) -> tuple[float, ...]:
+    total = sum(values)
+    if not total > 0 or not math.isfinite(total):
+        return tuple(fallback) if fallback is not None else tuple(1.0 / len(values) for _ in values)
+    return tuple(v / total for v in values)
+
+
+@dataclass(frozen=True)
+class FieldPrior:
+    """One closed field's correction.
+
+    Attributes:
+        name: The field's key.
+        labels: Its labels' values, in schema order (for a multi-label field, the labels each asked yes/no).
+        bias: The model's label prior ``b`` over ``labels``, estimated on the fitting documents (see
+            :data:`CALIBRATION_METHODS`); for a multi-label field, each label's prior of "yes".
+        prior: The prior the corrected distribution is given instead: uniform (0.5 for each "yes" of a
+            multi-label field).
+    """
+
+    name: str
+    labels: tuple[Any, ...]
+    bias: tuple[float, ...]
+    prior: tuple[float, ...]
+
+    def correct(self, probabilities: Sequence[float]) -> tuple[float, ...]:
+        """A single-label field's calibrated distribution: ``prior * p / bias``, renormalized."""
+        weights = [pi / b if b > 0 else 0.0 for pi, b in zip(self.prior, self.bias, strict=True)]
+        return reweight(probabilities, weights)
+
+    def correct_yes(self, index: int, yes: float) -> float:
+        """A multi-label field's calibrated probability that label ``index`` applies, from the model's ``yes``."""
+        b, pi = self.bias[index], self.prior[index]
+        if not 0 < b < 1:
+            return yes
+        pair = reweight((yes, 1.0 - yes), (pi / b, (1.0 - pi) / (1.0 - b)))
+        return pair[0]
+
+
+@dataclass(frozen=True)
+class Calibrator:
+    """Label-prior corrections for one schema and one model, estimated from unlabelled documents.
+
+    Build one with :meth:`fit` (or :meth:`from_distributions`), pass it as ``calibration=`` to
+    :meth:`~pcd_engine.engine.Engine.extract`, and keep it with :meth:`save` / :meth:`load`.
+
+    Attributes:
+        schema_fingerprint: The fingerprint of the schema it was fitted on (the prompt, label order included).
+        schema_title: That schema's title, for messages.
+        model: The model it was fitted with (:attr:`pcd_engine.engine.Engine.model_id`).
+        method: One of :data:`CALIBRATION_METHODS`.
+        documents: How many documents it was fitted on.
+        fields: One :class:`FieldPrior` per closed field with more than one label.
+    """
+
+    schema_fingerprint: str
+    schema_title: str
+    model: str
+    method: str
+    documents: int
+    fields: tuple[FieldPrior, ...]
+
+    def __post_init__(self) -> None:
+        if self.method not in CALIBRATION_METHODS:
+            raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {self.method!r}.")
+
+    # ------------------------------------------------------------------------------------------ building
+
+    @classmethod
+    def from_distributions(
+        cls,
+        schema: Schema,
+        distributions: Mapping[str, Sequence[Sequence[float]]],
+        *,
+        model: str,
+        method: str = "mean",
+    ) -> Calibrator:
+        """A calibrator from each field's per-document distributions (what :meth:`fit` collects).
+
+        Args:
+            schema: The compiled schema.
+            distributions: Field name to one row per document: the label distribution of a single-label field,
+                or each label's probability of "yes" for a multi-label field.
+            model: The model's identity.
+            method: One of :data:`CALIBRATION_METHODS`.
+
+        Raises:
+            OptionError: If the method is unknown, a field is not a closed field of the schema, or a row has the
+                wrong length.
+        """
+        if method not in CALIBRATION_METHODS:
+            raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {method!r}.")
+        priors = []
+        counts = {len(rows) for rows in distributions.values()}
+        for name, rows in distributions.items():
+            spec = _closed_field(schema, name)
+            labels = tuple(label.value for label in spec.labels)
+            if any(len(row) != len(labels) for row in rows):
+                raise OptionError(
+                    f"Calibration field {name!r}: expected {len(labels)} probabilities per document, but a row has "
+                    f"{next(len(row) for row in rows if len(row) != len(labels))}."
+                )
+            estimate = em_bias if method == "em" else mean_prior
+            if spec.kind == "multi":  # each label's yes/no on its own
+                bias = tuple(estimate([(r[i], 1.0 - r[i]) for r in rows])[0] for i in range(len(labels)))
+                prior: tuple[float, ...] = (0.5,) * len(labels)
+            else:
+                bias = estimate(rows)
+                prior = tuple(1.0 / len(labels) for _ in labels)
+            priors.append(FieldPrior(name, labels, bias, prior))
+        return cls(
+            schema_fingerprint=schema.fingerprint,
+            schema_title=schema.title,
+            model=model,
+            method=method,
+            documents=max(counts) if counts else 0,
+            fields=tuple(priors),
+        )
+
+    @classmethod
+    def fit(
+        cls,
+        engine: Any,
+        texts: Sequence[str],
+        schema: Any,
+        *,
+        method: str = "mean",
+        options: Any = None,
+        batch_size: int | None = None,
+    ) -> Calibrator:
+        """Estimate the corrections from unlabelled ``texts``: each closed field's full label distribution on every
+        document (one batched extraction, every label read), then :meth:`from_distributions`.
+
+        Args:
+            engine: The :class:`~pcd_engine.engine.Engine` (its model is the one calibrated).
+            texts: The documents, unlabelled; a few hundred like the ones to be decided.
+            schema: The schema (anything :func:`~pcd_engine.schema.compile_schema` takes).
+            method: One of :data:`CALIBRATION_METHODS`.
+            options: :class:`~pcd_engine.options.ExtractOptions` or a mapping for the extraction (the prompt
+                options must be those the calibrator will be used with; a ``calibration`` there is refused).
+            batch_size: Documents per pass (``None``: the engine's choice).
+
+        Raises:
+            OptionError: If there are no texts, the method is unknown, or the options carry a calibration.
+        """
+        from pcd_engine.options import ExtractOptions
+        from pcd_engine.schema import compile_schema
+
+        if method not in CALIBRATION_METHODS:
+            raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {method!r}.")
+        if not texts:
+            raise OptionError("Calibration: expected at least one document to fit on, but got none.")
+        call = ExtractOptions.parse(options)
+        if call.calibration is not None:
+            raise OptionError("Calibration: expected options without a calibration to fit a new one on.")
+        call = call.read_whole()  # every label's probability, as the calibrated calls will read them
+        compiled = compile_schema(schema)
+        closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
+        results = engine.extract_many(list(texts), compiled, call, batch_size=batch_size)
+        distributions: dict[str, list[list[float]]] = {s.name: [] for s in closed}
+        for result in results:
+            for spec in closed:
+                got = result.fields[spec.name]
+                if spec.kind == "multi":
+                    yes = got.label_probabilities or {}
+                    distributions[spec.name].append([yes[label.value] for label in spec.labels])
+                else:
+                    distributions[spec.name].append(list(got.label_distribution or ()))
+        return cls.from_distributions(compiled, distributions, model=engine.model_id, method=method)
+
+    # ------------------------------------------------------------------------------------------ use
+
+    def field(self, name: str) -> FieldPrior | None:
+        """The correction of field ``name``, or ``None`` when it has none."""
+        return next((f for f in self.fields if f.name == name), None)
+
+    def check(self, schema: Schema, model: str) -> None:
+        """Refuse a schema or model other than the ones this calibrator was fitted on.
+
+        Raises:
+            OptionError: On a mismatch, naming both sides.
+        """
+        if schema.fingerprint != self.schema_fingerprint:
+            raise OptionError(
+                f"Calibration: expected the schema it was fitted on ({self.schema_title!r}, fingerprint "
+                f"{self.schema_fingerprint}), but got {schema.title!r} (fingerprint {schema.fingerprint}); a "
+                "change to the fields, labels, their order or the prompt options needs a new calibration."
+            )
+        if model != self.model:
+            raise OptionError(
+                f"Calibration: expected the model it was fitted with ({self.model!r}), but got {model!r}."
+            )
+
+    # ------------------------------------------------------------------------------------------ JSON
+
+    def to_json(self) -> dict[str, Any]:
+        """The calibrator as plain JSON data (what :meth:`save` writes)."""
+        return {
+            "format": _FORMAT,
+            "schema": {"title": self.schema_title, "fingerprint": self.schema_fingerprint},
+            "model": self.model,
+            "method": self.method,
+            "documents": self.documents,
+            "fields": [
+                {"name": f.name, "labels": list(f.labels), "bias": list(f.bias), "prior": list(f.prior)}
+                for f in self.fields
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, where: str = "calibration") -> Calibrator:
+        """A calibrator from :meth:`to_json`'s data.
+
+        Raises:
+            InputError: If the data is not a calibration of this format.
+        """
+        try:
+            if data.get("format") != _FORMAT:
+                raise InputError(
+                    f"{where}: expected a pcd calibration ({_FORMAT!r}), but got format {data.get('format')!r}."
+                )
+            return cls(
+                schema_fingerprint=str(data["schema"]["fingerprint"]),
+                schema_title=str(data["schema"]["title"]),
+                model=str(data["model"]),
+                method=str(data["method"]),
+                documents=int(data["documents"]),
+                fields=tuple(
+                    FieldPrior(
+                        str(f["name"]),
+                        tuple(f["labels"]),
+                        tuple(float(p) for p in f["bias"]),
+                        tuple(float(p) for p in f["prior"]),
+                    )
+                    for f in data["fields"]
+                ),
+            )
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise InputError(f"{where}: expected a pcd calibration, but it is malformed ({exc!r}).") from None
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the calibrator as JSON to ``path``."""
+        out = Path(path)
+        out.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Calibrator:
+        """Read a calibrator written by :meth:`save`.
+
+        Raises:
+            InputError: If the file is missing, not JSON, or not a calibration.
+        """
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise InputError(f"Calibration {str(path)!r}: expected an existing file, but it does not exist.") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"Calibration {str(path)!r}: expected a JSON file, but reading failed ({exc}).") from None
+        return cls.from_json(data, where=f"Calibration {str(path)!r}")
+
+
+def _closed_field(schema: Schema, name: str) -> FieldSpec:
+    try:
+        spec = schema.field(name)
+    except KeyError:
+        raise OptionError(f"Calibration: expected a field of {schema.title!r}, but got {name!r}.") from None
+    if not spec.scored or len(spec.labels) < 2:
+        raise OptionError(f"Calibration field {name!r}: expected a closed field with several labels.")
+    return spec

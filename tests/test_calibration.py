@@ -1,0 +1,200 @@
+"""Calibration (pcd_engine.calibration): the estimators, the corrections in the engine against the re-weighted
+brute-force distribution on an oracle LM, saving and loading, and refusing another schema or model."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from pcd_engine import Engine, compile_schema
+from pcd_engine.calibration import Calibrator, FieldPrior, em_bias, mean_prior, reweight
+from pcd_engine.compiler import questions
+from pcd_engine.errors import InputError, OptionError
+from pcd_engine.prompt import ChatPrompt, TokenizerView
+from tests.support import OracleBackend, OracleLM, enumerate_paths
+from tests.support import oracle_brute_force as brute_force
+
+TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
+SCHEMA = {
+    "urgent": {"type": "boolean"},
+    "deadline": {"type": "enum", "choices": ["1_HOUR", "12_HOURS", "1_WEEK", "NONE"]},
+    "carrier": {"type": "enum", "choices": ["dhl", "ups", None]},
+    "tags": {"type": "multi", "choices": ["billing", "shipping", "broken"], "min_items": 1},
+    "queue": {"type": "enum", "choices": ["billing"]},
+    "note": {"type": "string", "max_length": 20, "max_tokens": 4},
+}
+
+
+def synthetic_posteriors(prior, bias, n, *, seed=0, strength=2.0):
+    """Documents drawn from ``prior``, each a point ``x ~ N(strength * e_y, I)``; the model's posterior is the
+    Bayes posterior under a uniform prior (``softmax(strength * x)``) times ``bias``, renormalized."""
+    rng = np.random.default_rng(seed)
+    k = len(prior)
+    truth = rng.choice(k, size=n, p=prior)
+    x = rng.normal(size=(n, k))
+    x[np.arange(n), truth] += strength
+    logits = strength * x
+    posteriors = np.exp(logits - logits.max(axis=1, keepdims=True)) * np.asarray(bias)
+    return truth, (posteriors / posteriors.sum(axis=1, keepdims=True)).tolist()
+
+
+# ------------------------------------------------------------------------------------------------ estimators
+
+
+def test_em_recovers_a_planted_label_prior():
+    """A model whose posteriors are Bayes posteriors times a planted lean (6:1:1) on balanced documents: EM finds
+    the lean; the plain mean of the posteriors is pulled towards uniform."""
+    planted = (0.75, 0.125, 0.125)
+    _, posteriors = synthetic_posteriors((1 / 3, 1 / 3, 1 / 3), (6.0, 1.0, 1.0), 8000, seed=1)
+    assert em_bias(posteriors) == pytest.approx(planted, abs=0.02)
+    assert mean_prior(posteriors)[0] < 0.5
+
+
+def test_dividing_out_the_lean_restores_balanced_decisions():
+    truth, posteriors = synthetic_posteriors((1 / 3, 1 / 3, 1 / 3), (6.0, 1.0, 1.0), 8000, seed=2)
+    raw = np.argmax(posteriors, axis=1)
+    assert np.mean(raw == 0) > 0.45
+
+    def decide(bias):
+        return np.array([np.argmax(reweight(p, [1 / b for b in bias])) for p in posteriors])
+
+    by_em, by_mean = decide(em_bias(posteriors)), decide(mean_prior(posteriors))
+    assert np.bincount(by_em, minlength=3) / len(by_em) == pytest.approx([1 / 3] * 3, abs=0.03)
+    assert np.mean(by_em == truth) > np.mean(by_mean == truth) > np.mean(raw == truth)
+
+
+def test_a_field_prior_corrects_single_and_multi_label_fields():
+    single = FieldPrior("f", ("a", "b"), bias=(0.8, 0.2), prior=(0.5, 0.5))
+    assert single.correct((0.7, 0.3)) == pytest.approx(
+        (0.7 / 0.8 / (0.7 / 0.8 + 0.3 / 0.2), 0.3 / 0.2 / (0.7 / 0.8 + 0.3 / 0.2))
+    )
+    flag = FieldPrior("m", ("x",), bias=(0.9,), prior=(0.5,))
+    # odds of yes divided by the bias's odds: 0.9 raw is exactly "no lean" under a 0.9 bias
+    assert flag.correct_yes(0, 0.9) == pytest.approx(0.5)
+    assert flag.correct_yes(0, 0.5) == pytest.approx((0.5 / 0.9) / (0.5 / 0.9 + 0.5 / 0.1))
+
+
+# ------------------------------------------------------------------------------------------------ the engine
+
+
+@pytest.fixture
+def oracle(smol_tokenizer):
+    lm = OracleLM(len(smol_tokenizer))
+    return lm, Engine(OracleBackend(smol_tokenizer, lm), anchor=False)
+
+
+def planted(schema, engine) -> Calibrator:
+    """A calibrator with a strong, known lean on every closed field (as if fitted)."""
+    rows = {
+        "urgent": [[0.9, 0.1]],
+        "deadline": [[0.55, 0.05, 0.1, 0.3]],
+        "carrier": [[0.2, 0.2, 0.6]],
+        "tags": [[0.9, 0.2, 0.5]],
+    }
+    return Calibrator.from_distributions(schema, rows, model=engine.model_id, method="mean")
+
+
+def test_calibrated_decisions_equal_the_reweighted_brute_force(oracle, smol_tokenizer):
+    lm, engine = oracle
+    schema = compile_schema(SCHEMA)
+    cal = planted(schema, engine)
+    out = engine.extract(TEXT, SCHEMA, calibration=cal)
+    raw = engine.extract(TEXT, SCHEMA, strategy="exact")
+    prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
+    context = prompt.prefix_text + TEXT + prompt.suffix_text
+    for name in ("urgent", "deadline", "carrier"):
+        spec = schema.field(name)
+        _, probs, _ = brute_force(lm, enumerate_paths(smol_tokenizer, context, spec), "exact")
+        prior = cal.field(name)
+        weights = [pi / b for pi, b in zip(prior.prior, prior.bias, strict=True)]
+        corrected = np.array(probs) * weights
+        corrected /= corrected.sum()
+        winner = int(np.argmax(corrected))
+        got = out.fields[name]
+        assert got.value == spec.labels[winner].value, name
+        assert got.probability == pytest.approx(corrected[winner], abs=1e-9)
+        assert got.raw_probability == pytest.approx(probs[winner], abs=1e-9)
+        assert got.label_distribution == pytest.approx(tuple(corrected), abs=1e-9)
+        assert raw.fields[name].raw_probability is None  # no calibration, no raw figure
+    spec, prior = schema.field("tags"), cal.field("tags")
+    yes = []
+    for question in questions(spec):
+        _, probs, _ = brute_force(lm, enumerate_paths(smol_tokenizer, context, question), "exact")
+        yes.append(probs[0])
+    for i, p in enumerate(yes):
+        odds = (p / prior.bias[i]) / ((1 - p) / (1 - prior.bias[i]))
+        assert out.fields["tags"].label_probabilities[spec.labels[i].value] == pytest.approx(odds / (1 + odds))
+    assert out.fields["queue"].probability == 1.0 and out.fields["note"].source == "generated"  # untouched
+
+
+def test_a_strong_lean_flips_the_answer_and_the_raw_one_stays_visible(oracle):
+    """A lean as strong as the model's own answer, and weaker on the runner-up: the runner-up wins."""
+    _, engine = oracle
+    schema = compile_schema(SCHEMA)
+    raw = engine.extract(TEXT, SCHEMA, strategy="exact").fields["deadline"]
+    labels = [label.value for label in schema.field("deadline").labels]
+    runner_up = labels.index(raw.runners_up(1)[0].value)
+    lean = list(raw.label_distribution)
+    lean[runner_up] /= 1000
+    cal = Calibrator.from_distributions(schema, {"deadline": [lean]}, model=engine.model_id)
+    got = engine.extract(TEXT, SCHEMA, calibration=cal).fields["deadline"]
+    assert raw.value != labels[runner_up] == got.value
+    assert got.raw_probability == pytest.approx(raw.label_distribution[runner_up], rel=1e-9)
+
+
+def test_fit_on_unlabelled_documents(oracle):
+    """fit reads every closed field whole on each document; "mean" keeps the mean distributions, "em" the prior
+    that makes the corrected ones average to uniform."""
+    _, engine = oracle
+    texts = [f"Ticket {i}: the parcel is late and the customer is upset." for i in range(6)]
+    by_mean = Calibrator.fit(engine, texts, SCHEMA, method="mean")
+    by_em = Calibrator.fit(engine, texts, SCHEMA, method="em")
+    assert by_mean.documents == 6 and by_mean.model == engine.model_id and by_em.method == "em"
+    assert [f.name for f in by_mean.fields] == ["urgent", "deadline", "carrier", "tags"]
+    results = [engine.extract(t, SCHEMA, strategy="exact", staging="one_pass") for t in texts]
+    rows = [r.fields["deadline"].label_distribution for r in results]
+    assert by_mean.field("deadline").bias == pytest.approx(tuple(np.mean(rows, axis=0)), abs=1e-9)
+    corrected = np.mean([by_em.field("deadline").correct(row) for row in rows], axis=0)
+    assert corrected == pytest.approx([0.25] * 4, abs=1e-3)
+    tags = np.mean([list(r.fields["tags"].label_probabilities.values()) for r in results], axis=0)
+    assert by_mean.field("tags").bias == pytest.approx(tuple(tags), abs=1e-9)
+
+
+# ------------------------------------------------------------------------------------------------ files and refusals
+
+
+def test_saving_and_loading_round_trips(oracle, tmp_path):
+    _, engine = oracle
+    cal = planted(compile_schema(SCHEMA), engine)
+    path = cal.save(tmp_path / "cal.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "pcd-calibration/1" and data["schema"]["fingerprint"] == compile_schema(SCHEMA).fingerprint
+    assert Calibrator.load(path) == cal
+    again = engine.extract(TEXT, SCHEMA, calibration=data)  # its JSON works as the option too (the /api surface)
+    assert again.values == engine.extract(TEXT, SCHEMA, calibration=cal).values
+
+
+def test_another_schema_or_model_is_refused_before_any_model_work(oracle, tmp_path):
+    _, engine = oracle
+    cal = planted(compile_schema(SCHEMA), engine)
+    reordered = {**SCHEMA, "deadline": {"type": "enum", "choices": ["NONE", "1_WEEK", "12_HOURS", "1_HOUR"]}}
+    before = engine.backend.forward_passes
+    with pytest.raises(OptionError, match=r"Calibration: expected the schema it was fitted on"):
+        engine.extract(TEXT, reordered, calibration=cal)  # the same labels in another order: another prompt
+    other = Calibrator.from_json({**cal.to_json(), "model": "another/model"})
+    with pytest.raises(OptionError, match=r"expected the model it was fitted with \('another/model'\)"):
+        engine.extract(TEXT, SCHEMA, calibration=other)
+    assert engine.backend.forward_passes == before
+    with pytest.raises(OptionError, match="calibration: expected a Calibrator"):
+        engine.extract(TEXT, SCHEMA, calibration="cal.json")
+    (tmp_path / "bad.json").write_text('{"format": "something else"}')
+    with pytest.raises(InputError, match="expected a pcd calibration"):
+        Calibrator.load(tmp_path / "bad.json")
+    with pytest.raises(InputError, match="does not exist"):
+        Calibrator.load(tmp_path / "missing.json")
+    with pytest.raises(OptionError, match="Calibration method"):
+        Calibrator.from_distributions(compile_schema(SCHEMA), {}, model="m", method="platt")
+    with pytest.raises(OptionError, match="expected a closed field with several labels"):
+        Calibrator.from_distributions(compile_schema(SCHEMA), {"note": [[1.0]]}, model="m")
