@@ -198,3 +198,46 @@ def test_another_schema_or_model_is_refused_before_any_model_work(oracle, tmp_pa
         Calibrator.from_distributions(compile_schema(SCHEMA), {}, model="m", method="platt")
     with pytest.raises(OptionError, match="expected a closed field with several labels"):
         Calibrator.from_distributions(compile_schema(SCHEMA), {"note": [[1.0]]}, model="m")
+
+
+# ------------------------------------------------------------------------------------------------ command line
+
+
+def test_pcd_calibrate_writes_a_calibration_that_extract_accepts(tiny_folder, tmp_path, capsys):
+    tiny = tiny_folder
+    from pcd_engine.tools.cli import main
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": f"Parcel {i} is late, refund me."}) + "\n" for i in range(5)))
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    out = tmp_path / "cal.json"
+    argv = ["calibrate", tiny, "--backend", "torch", "--schema", str(tmp_path / "s.json"), "--input", str(source)]
+    assert main([*argv, "-o", str(out), "-q", "--method", "mean"]) == 0
+    cal = Calibrator.load(out)
+    assert cal.documents == 5 and cal.method == "mean" and cal.model == tiny
+    engine = Engine.load(tiny, backend="torch")
+    result = engine.extract("Where is my parcel?", SCHEMA, calibration=cal)
+    assert result.fields["deadline"].raw_probability is not None
+    capsys.readouterr()
+    no_schema = ["calibrate", tiny, "--backend", "torch", "--input", str(source), "-o", str(out)]
+    assert main(no_schema) == 1
+    assert capsys.readouterr().err.strip() == (
+        "pcd calibrate: error: Schema: expected exactly one of --schema S.json and --preset PRESET, but got neither."
+    )
+
+
+def test_pcd_eval_calibrate_reports_transductive_and_inductive(tiny_folder, tmp_path, capsys):
+    tiny = tiny_folder
+    from pcd_engine.tools.cli import main
+
+    docs = [{"text": f"Shares fell {i}% at the bank.", "label": "business"} for i in range(4)]
+    docs += [{"text": f"The striker scored {i} goals.", "label": "sport"} for i in range(4)]
+    source = tmp_path / "d.jsonl"
+    source.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    report = tmp_path / "r.json"
+    argv = ["eval", tiny, str(source), "--field", "topic", "--limit", "4", "--backend", "torch", "-q", "--calibrate"]
+    assert main([*argv, "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "transductive fitted on the 4 evaluated texts" in out and "inductive on 4 other documents" in out
+    methods = [m["method"] for m in json.loads(report.read_text())["report"]["methods"]]
+    assert methods == ["pcd", "pcd calibrated (transductive)", "pcd calibrated (inductive)"]

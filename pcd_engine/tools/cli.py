@@ -262,11 +262,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     schema = eval_schema(args.field, [d.label for d in docs], description=args.description, schema=given)
     engine = _engine(args)
     options = _options(args).set_fields()
+    calibrations, fitted = _eval_calibrations(args, engine, docs, schema, options)
     with progress(len(docs), quiet=args.quiet, unit="doc") as tick:
         report = evaluate(
-            engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick, **options
-        )
+            engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick,
+            calibrations=calibrations, **options,
+        )  # fmt: skip
     print(f"model: {args.model}; {_describe(engine)}; {len(docs)} documents (seed {args.seed})")
+    if fitted:
+        print(fitted)
     print(versions() + "\n")
     show_table(
         ("method", "accuracy", "macro-F1", "mean ms / doc", "invalid", "agreement with pcd"),
@@ -293,6 +297,68 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         title = f"{args.model} ({engine.backend.name}) on {dataset_name(args.dataset)}, field {args.field!r}"
         print(f"\nplot: {plot_eval(report, args.plot, title=title)}")
+    return 0
+
+
+def _eval_calibrations(
+    args: argparse.Namespace, engine: Engine, docs: Sequence[Any], schema: Any, options: dict[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """``pcd eval --calibrate``: a calibrator fitted on the evaluated texts themselves (their labels unused:
+    transductive) and one on as many other documents of the dataset (seed + 1: inductive), with what was done."""
+    if not args.calibrate:
+        return {}, ""
+    import random
+
+    from pcd_engine.calibration import Calibrator
+    from pcd_engine.tools.datasets import load_dataset
+
+    def fit(texts: list[str]) -> Calibrator:
+        cut = [t[: args.max_chars] for t in texts]
+        return Calibrator.fit(engine, cut, schema, method=args.calibrate_method, options=options)
+
+    seen = {d.text for d in docs}
+    rest = [d for d in load_dataset(args.dataset) if d.text not in seen]
+    held = random.Random(args.seed + 1).sample(rest, min(len(docs), len(rest)))
+    with progress(2 if held else 1, quiet=args.quiet, unit="fit") as tick:
+        tick(f"calibration on the {len(docs)} evaluated texts")
+        found = {"pcd calibrated (transductive)": fit([d.text for d in docs])}
+        if held:
+            tick(f"calibration on {len(held)} other documents")
+            found["pcd calibrated (inductive)"] = fit([d.text for d in held])
+    note = (
+        f"calibration ({args.calibrate_method}): transductive fitted on the {len(docs)} evaluated texts, labels "
+        f"unused; inductive on {len(held)} other documents of the dataset (seed {args.seed + 1})"
+    )
+    return found, note if held else note.split("; inductive")[0] + "; no other documents for an inductive fit"
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from pcd_engine.calibration import Calibrator
+    from pcd_engine.schema import compile_schema
+    from pcd_engine.tools.corpus import read_corpus
+
+    if bool(args.preset) == bool(args.schema):
+        got = "both" if args.preset else "neither"
+        raise OptionError(f"Schema: expected exactly one of --schema S.json and --preset PRESET, but got {got}.")
+    schema = compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
+    docs = read_corpus(args.input, text_column=args.text_column, limit=args.limit)
+    engine = _engine(args)
+    with progress(1, quiet=args.quiet, unit="fit") as tick:
+        tick(f"reading {len(docs)} documents")
+        cal = Calibrator.fit(engine, [d.text for d in docs], schema, method=args.method, options=_options(args))
+    path = cal.save(args.output)
+    if args.json:
+        print(json.dumps(cal.to_json(), indent=2, ensure_ascii=False))
+        return 0
+    print(f"calibration of {schema.title!r} for {engine.model_id} ({args.method}, {cal.documents} documents): {path}")
+    show_table(
+        ("field", "label", "model's lean", "corrected towards"),
+        [
+            (f.name, json.dumps(v), f"{b:.3f}", f"{p:.3f}")
+            for f in cal.fields
+            for v, b, p in zip(f.labels, f.bias, f.prior, strict=True)
+        ],
+    )
     return 0
 
 
@@ -516,8 +582,29 @@ def _add_eval(sub: Any) -> None:
     p.add_argument("--max-chars", type=int, default=None, help="cut each document to this many characters")
     p.add_argument("--plot", metavar="OUT.png", help="write accuracy against latency")
     p.add_argument("--json", metavar="OUT.json", help="write the report with every prediction")
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="also pcd calibrated on the evaluated texts (transductive) and on other documents (inductive)",
+    )
+    p.add_argument("--calibrate-method", default="em", choices=("mean", "em"), help="default: em")
     _with_decoding(p)
     p.set_defaults(func=cmd_eval)
+
+
+def _add_calibrate(sub: Any) -> None:
+    p = sub.add_parser("calibrate", help="fit a label-prior calibration on unlabelled documents (--input)")
+    _with_model(p)
+    p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict")
+    p.add_argument("--preset", metavar="PRESET", help="example preset name or preset .json file (instead of --schema)")
+    p.add_argument("--input", required=True, help="the documents: .jsonl, .csv, .parquet or a folder (as pcd tag)")
+    p.add_argument("--text-column", default="text", help="the column holding the text (default: text)")
+    p.add_argument("--limit", type=int, default=None, help="read only the first N documents")
+    p.add_argument("--method", default="em", choices=("mean", "em"), help="default: em")
+    p.add_argument("-o", "--output", required=True, metavar="CAL.json", help="where to write the calibration")
+    p.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    _with_decoding(p)
+    p.set_defaults(func=cmd_calibrate)
 
 
 def _add_serve(sub: Any) -> None:
@@ -594,7 +681,7 @@ def _add_tag(sub: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pcd`` argument parser with its eight sub-commands."""
+    """The ``pcd`` argument parser with its nine sub-commands."""
     parser = argparse.ArgumentParser(
         prog="pcd",
         description="Structured decisions from local LLMs: every label of every field decided in parallel.",
@@ -617,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=cmd_check)
-    for add in (_add_run, _add_bench, _add_eval, _add_tag, _add_serve):
+    for add in (_add_run, _add_bench, _add_eval, _add_calibrate, _add_tag, _add_serve):
         add(sub)
     return parser
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +101,7 @@ def evaluate(
     against: Sequence[str] = (),
     max_chars: int | None = None,
     progress: Progress | None = None,
+    calibrations: Mapping[str, Any] | None = None,
     **extract_options: Any,
 ) -> EvalReport:
     """Decide ``field`` for every document with pcd and each baseline, then score them against the gold labels.
@@ -113,6 +114,8 @@ def evaluate(
         against: Baseline names from :data:`BASELINES`.
         max_chars: Cut each document to this many characters first (the same text for every method).
         progress: Called with a short description before each batch of documents.
+        calibrations: More methods, by name: pcd with each :class:`~pcd_engine.calibration.Calibrator` (fitted
+            on this schema and model), run as pcd is.
         **extract_options: Passed to ``engine.extract_many`` (``strategy``, ``anchor``, ``temperature``).
 
     pcd decides the documents in batches of :meth:`Engine.batch_size` (one pass per wave for a batch); its time
@@ -124,21 +127,24 @@ def evaluate(
     ready(engine, against)
     if max_chars is not None and max_chars < 1:
         raise OptionError(f"max_chars: expected a positive number, but got {max_chars}.")
-    methods = ("pcd", *against)
+    calibrated = dict(calibrations or {})
+    methods = ("pcd", *calibrated, *against)
     preds: dict[str, list[str]] = {m: [] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
     engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
     size = engine.batch_size()
+    runs = {"pcd": extract_options, **{name: {**extract_options, "calibration": c} for name, c in calibrated.items()}}
     for first in range(0, len(docs), size):
         chunk = [d.text[:max_chars] for d in docs[first : first + size]]
         if progress:
             progress(f"documents {first + 1}-{first + len(chunk)}/{len(docs)}")
-        started = time.perf_counter()
-        outs = engine.extract_many(chunk, schema, **extract_options)  # one pass per wave for the chunk
-        each = (time.perf_counter() - started) * 1000 / len(chunk)
-        for text, out in zip(chunk, outs, strict=True):
-            times["pcd"].append(each)
-            preds["pcd"].append(str(out.values[field]))
+        for name, options in runs.items():
+            started = time.perf_counter()
+            outs = engine.extract_many(chunk, schema, **options)  # one pass per wave for the chunk
+            each = (time.perf_counter() - started) * 1000 / len(chunk)
+            times[name] += [each] * len(chunk)
+            preds[name] += [str(out.values[field]) for out in outs]
+        for text in chunk:
             for method in against:
                 result = BASELINES[method](engine, text, schema)
                 times[method].append(result.ms)
