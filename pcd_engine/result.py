@@ -181,7 +181,7 @@ class ExtractionResult:
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON-ready data: values, per-field evidence, warnings and statistics.
 
-        Alternatives are ``[value, probability]`` pairs, best first.
+        Alternatives are ``[value, probability]`` pairs, best first; a calibrated field adds ``raw_probability``.
         """
         fields: dict[str, Any] = {}
         for name, f in self.fields.items():
@@ -196,6 +196,8 @@ class ExtractionResult:
             }
             if f.label_probabilities is not None:
                 entry["label_probabilities"] = [[v, p] for v, p in f.label_probabilities.items()]
+            if f.raw_probability is not None:  # calibrated: the model's own figure too
+                entry["raw_probability"] = f.raw_probability
             if f.source == "generated":
                 entry.update(mean_logprob=f.mean_logprob, tokens=f.tokens, truncated=f.truncated)
             fields[name] = entry

@@ -127,6 +127,9 @@ def test_calibrated_decisions_equal_the_reweighted_brute_force(oracle, smol_toke
         odds = (p / prior.bias[i]) / ((1 - p) / (1 - prior.bias[i]))
         assert out.fields["tags"].label_probabilities[spec.labels[i].value] == pytest.approx(odds / (1 + odds))
     assert out.fields["queue"].probability == 1.0 and out.fields["note"].source == "generated"  # untouched
+    data = out.to_json()["fields"]
+    assert data["deadline"]["raw_probability"] == out.fields["deadline"].raw_probability
+    assert "raw_probability" not in data["note"] and "raw_probability" not in raw.to_json()["fields"]["deadline"]
 
 
 def test_a_strong_lean_flips_the_answer_and_the_raw_one_stays_visible(oracle):
