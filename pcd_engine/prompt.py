@@ -81,6 +81,8 @@ class TokenizerView:
         decoder = getattr(tokenizer, "added_tokens_decoder", {}) or {}
         self.added_ids = frozenset(int(i) for i in decoder)
         self.added_text = {int(i): str(getattr(t, "content", t)) for i, t in decoder.items()}
+        self.harmony = _HARMONY_TOKENS <= set(self.added_text.values())
+        """Whether the vocabulary has OpenAI's harmony control tokens (gpt-oss)."""
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` with no BOS/EOS added; control strings (``<|im_end|>``) become control tokens."""
@@ -357,8 +359,7 @@ def render_chat(
     hf = tokenizer.hf
     template = getattr(hf, "chat_template", None)
     kwargs: dict[str, Any] = {"enable_thinking": False, **(extra or {})}
-    harmony = _HARMONY_TOKENS <= set(tokenizer.added_text.values())
-    if not template and harmony:
+    if not template and tokenizer.harmony:
         template = _HARMONY_TEMPLATE
     elif not template:
         template = _FALLBACK_TEMPLATE
@@ -366,7 +367,7 @@ def render_chat(
         kwargs["end"] = eos if eos and hf.convert_tokens_to_ids(eos) in tokenizer.added_ids else ""
     kwargs.update(tokenize=False, add_generation_prompt=True, chat_template=template)
     text, folded = _apply_template(hf, turns, kwargs)
-    if harmony and text.endswith("<|start|>assistant"):
+    if tokenizer.harmony and text.endswith("<|start|>assistant"):
         text += _HARMONY_ANSWER
     return text, folded
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -286,7 +286,7 @@ class BackendReport:
             "weights_dtype": self.weights_dtype,
             "tolerance": self.tolerance,
             "passed": self.passed,
-            "checks": [{"name": c.name, "passed": c.passed, "detail": c.detail, "ms": c.ms} for c in self.checks],
+            "checks": [asdict(c) for c in self.checks],
         }
 
     def __str__(self) -> str:
