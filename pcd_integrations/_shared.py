@@ -60,12 +60,15 @@ def read_settings(
     return data
 
 
-def setting_options(*, temperature: float | None, timeout: float | None) -> ExtractOptions:
-    """A chat model's ``temperature`` and ``timeout`` as extraction options: a positive temperature reshapes
-    structured probabilities (the decisions never change), and the timeout bounds the request."""
+def setting_options(
+    *, temperature: float | None, timeout: float | None, max_tokens: int | None = None
+) -> ExtractOptions:
+    """A chat model's ``temperature``, ``timeout`` and ``max_tokens`` as extraction options: a positive
+    temperature reshapes structured probabilities (the decisions never change), the timeout bounds the request, and
+    ``max_tokens`` (``None``: the engine's default) bounds each open field's generated value."""
     warm = temperature if temperature is not None and temperature > 0 else None
     limits = RequestLimits(time_limit_s=timeout) if timeout else None
-    return ExtractOptions(temperature=warm, limits=limits)
+    return ExtractOptions(temperature=warm, limits=limits, max_tokens=max_tokens)
 
 
 def refuse_sampling(owner: str, temperature: float | None) -> None:

@@ -162,7 +162,8 @@ class ChatPCD(BaseChatModel):
     backend: str = "auto"
     """``"auto"``, ``"torch"`` or ``"mlx"``."""
     max_tokens: int = 256
-    """Upper bound on tokens for free-text replies."""
+    """Upper bound on tokens for free-text replies. Set explicitly, it also bounds each open field's value in
+    structured output (unset, those follow the engine's default of 64 tokens per field)."""
     engine: Any = Field(default=None, exclude=True)
     """A loaded engine to use instead of loading ``model``."""
     temperature: float | None = None
@@ -247,8 +248,10 @@ class ChatPCD(BaseChatModel):
         return data
 
     def _setting_options(self) -> ExtractOptions:
-        """``temperature`` and ``timeout`` as extraction options (the ``options`` of the model and call win)."""
-        return setting_options(temperature=self.temperature, timeout=self.timeout)
+        """``temperature``, ``timeout`` and an explicitly set ``max_tokens`` as extraction options (the ``options``
+        of the model and call win)."""
+        max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
+        return setting_options(temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens)
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -282,7 +282,12 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
 
     model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
     backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
-    max_tokens: int = Field(default=256, gt=0, description="Upper bound on tokens for free-text replies.")
+    max_tokens: int = Field(
+        default=256,
+        gt=0,
+        description="Upper bound on tokens for free-text replies; set explicitly, it also bounds each open field of "
+        "structured predictions (unset, those follow the engine's default of 64).",
+    )
     temperature: float | None = Field(
         default=None,
         description="0 or None: greedy free text, the only kind pcd writes. Above 0, structured predictions and "
@@ -304,8 +309,10 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
 
     @property
     def extract_options(self) -> ExtractOptions:
-        """``options`` over ``temperature`` and ``timeout``, as an :class:`~pcd_engine.ExtractOptions`."""
-        settings = setting_options(temperature=self.temperature, timeout=self.timeout)
+        """``options`` over ``temperature``, ``timeout`` and an explicitly set ``max_tokens``, as an
+        :class:`~pcd_engine.ExtractOptions`."""
+        max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
+        settings = setting_options(temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens)
         return ExtractOptions.parse(self.options, where="PCDLLM options").over(settings)
 
     @classmethod

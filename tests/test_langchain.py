@@ -438,6 +438,16 @@ def test_timeout_bounds_structured_calls_and_free_text(tiny_engine, monkeypatch)
         ChatPCD(engine=tiny_engine, timeout=0)
 
 
+def test_an_explicit_max_tokens_bounds_open_fields_of_structured_output(tiny_engine, monkeypatch):
+    seen = seen_options(tiny_engine, monkeypatch)
+    ChatPCD(engine=tiny_engine).with_structured_output(Ticket).invoke(TICKET)
+    assert seen[-1].max_tokens == 64  # unset: the engine's default, not the 256 of free text
+    ChatPCD(engine=tiny_engine, max_tokens=5).with_structured_output(Ticket).invoke(TICKET)
+    assert seen[-1].max_tokens == 5
+    ChatPCD(engine=tiny_engine, max_tokens=5, options={"max_tokens": 9}).with_structured_output(Ticket).invoke(TICKET)
+    assert seen[-1].max_tokens == 9  # the model's options win
+
+
 def test_stop_max_tokens_and_streaming_reach_free_text(tiny_engine):
     free = ChatPCD(engine=tiny_engine, max_tokens=6)
     text = free.invoke("Say something").content

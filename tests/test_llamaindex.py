@@ -264,6 +264,12 @@ def test_extractor_probabilities_stay_out_of_embed_and_llm_text(default_engine):
         assert "pcd_probability_" not in shown and "topic" in shown
 
 
+def test_an_explicit_max_tokens_bounds_open_fields_of_structured_predictions():
+    assert PCDLLM().extract_options.max_tokens is None  # unset: the engine's default
+    assert PCDLLM(max_tokens=5).extract_options.max_tokens == 5
+    assert PCDLLM(max_tokens=5, options={"max_tokens": 9}).extract_options.max_tokens == 9
+
+
 def test_extractor_takes_its_engine_from_llm_or_model(default_engine, monkeypatch):
     import pcd_integrations.llamaindex as adapter
 
