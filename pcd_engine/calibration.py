@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,14 @@ from typing import Any
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import FieldSpec, Schema
 
-__all__ = ["CALIBRATION_METHODS", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"]
+__all__ = ["CALIBRATION_METHODS", "FIT_CHUNK", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"]
 
 CALIBRATION_METHODS = ("mean", "em")
 """``"mean"``: ``b`` is the mean predicted distribution. ``"em"``: ``b`` is the prior whose correction makes the
 corrected distributions average to uniform (:func:`em_bias`)."""
+
+FIT_CHUNK = 64
+"""Documents :meth:`Calibrator.fit` reads between two progress reports."""
 
 _FORMAT = "pcd-calibration/1"
 
@@ -206,6 +209,7 @@ class Calibrator:
         method: str = "mean",
         options: Any = None,
         batch_size: int | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> Calibrator:
         """Estimate the corrections from unlabelled ``texts``: each closed field's full label distribution on every
         document (one batched extraction, every label read), then :meth:`from_distributions`.
@@ -218,6 +222,7 @@ class Calibrator:
             options: :class:`~pcd_engine.options.ExtractOptions` or a mapping for the extraction (the prompt
                 options must be those the calibrator will be used with; a ``calibration`` there is refused).
             batch_size: Documents per pass (``None``: the engine's choice).
+            progress: Called with a short description before each chunk of :data:`FIT_CHUNK` documents.
 
         Raises:
             OptionError: If there are no texts, the method is unknown, or the options carry a calibration.
@@ -235,7 +240,12 @@ class Calibrator:
         call = call.read_whole()  # every label's probability, as the calibrated calls will read them
         compiled = compile_schema(schema)
         closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
-        results = engine.extract_many(list(texts), compiled, call, batch_size=batch_size)
+        results = []
+        for first in range(0, len(texts), FIT_CHUNK):
+            chunk = list(texts[first : first + FIT_CHUNK])
+            if progress:
+                progress(f"documents {first + 1}-{first + len(chunk)}/{len(texts)}")
+            results += engine.extract_many(chunk, compiled, call, batch_size=batch_size)
         distributions: dict[str, list[list[float]]] = {s.name: [] for s in closed}
         for result in results:
             for spec in closed:

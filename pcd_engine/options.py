@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from pcd_engine.errors import OptionError
+from pcd_engine.errors import InputError, OptionError
 from pcd_engine.limits import RequestLimits
 
 __all__ = [
@@ -98,6 +98,11 @@ class ExtractOptions:
             data): each closed field's label distribution is corrected for the model's label prior, and the
             decision follows the corrected one (results keep the raw probability too). Its fields are read
             whole (``staging="one_pass"``; the trie walk becomes ``"exact"``), so every label has a probability.
+        min_probability: Abstain below this probability (in ``(0, 1]``; calibrated when a calibration is set): a
+            scored field whose probability is lower is marked ``abstained`` and named in the warnings, and an
+            Optional field answers ``None`` instead of its best label (whose probability stays in
+            ``alternatives``). A non-Optional field keeps its best label, flagged. Later waves were decided
+            with the best label written, as without the option.
 
     Raises:
         OptionError: On construction, if a value has the wrong type or is out of range.
@@ -116,6 +121,7 @@ class ExtractOptions:
     chat_template_kwargs: Any = None
     limits: RequestLimits | None = None
     calibration: Any = None
+    min_probability: float | None = None
 
     def __post_init__(self) -> None:
         if self.strategy is not None:
@@ -146,11 +152,19 @@ class ExtractOptions:
             object.__setattr__(self, "chat_template_kwargs", _pairs(self.chat_template_kwargs))
         if self.limits is not None and not isinstance(self.limits, RequestLimits):
             raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
+        p = self.min_probability
+        if p is not None and (
+            isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1
+        ):
+            raise OptionError(f"min_probability: expected a number in (0, 1], but got {p!r}.")
         if self.calibration is not None:
             from pcd_engine.calibration import Calibrator
 
             if isinstance(self.calibration, Mapping):
-                object.__setattr__(self, "calibration", Calibrator.from_json(self.calibration))
+                try:
+                    object.__setattr__(self, "calibration", Calibrator.from_json(self.calibration))
+                except InputError as exc:  # given as an option, malformed data is a bad option
+                    raise OptionError(f"calibration: {exc}") from None
             elif not isinstance(self.calibration, Calibrator):
                 raise OptionError(
                     f"calibration: expected a Calibrator (or its JSON), but got {type(self.calibration).__name__}."

@@ -34,6 +34,7 @@ from pcd_engine.result import (
     ExtractionResult,
     ExtractionStats,
     FieldResult,
+    abstain,
     generated_result,
     multi_result,
     scored_result,
@@ -382,6 +383,8 @@ class Request:
         if self.backend.scorer == "rows":
             warnings.insert(0, "This model's cache cannot branch by masking; labels were scored one row each (slower).")
         ordered = {f.name: self.results[f.name] for f in self.schema.fields}
+        if self.call.min_probability is not None:
+            ordered = abstain(self.schema.fields, ordered, self.call.min_probability, warnings)
         phases = {**self.phases, "total": (time.perf_counter() - started) * 1000}
         stats = ExtractionStats(
             phases_ms=phases,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pcd_engine.schema import FieldSpec, LabelValue, Schema
@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Alternative",
+    "abstain",
     "ExtractionResult",
     "ExtractionStats",
     "FieldResult",
@@ -77,6 +78,9 @@ class FieldResult:
             the calibrated ones, and the decision follows them); ``None`` without one.
         label_distribution: For a scored single-label field, every label's probability in label order (what
             ``alternatives`` shows the top of; calibrated with a calibration); ``None`` otherwise.
+        abstained: True when the call's ``min_probability`` was above ``probability``: an Optional field's
+            ``value`` is then ``None`` (``alternatives`` keep the labels the model preferred), any other field
+            keeps its best label, flagged.
     """
 
     name: str
@@ -94,6 +98,7 @@ class FieldResult:
     bounded_labels: int = 0
     raw_probability: float | None = None
     label_distribution: tuple[float, ...] | None = None
+    abstained: bool = False
 
     def runners_up(self, n: int = 2) -> tuple[Alternative, ...]:
         """The ``n`` most probable alternatives that are not the answer, best first: for a multi-label field the
@@ -198,6 +203,8 @@ class ExtractionResult:
                 entry["label_probabilities"] = [[v, p] for v, p in f.label_probabilities.items()]
             if f.raw_probability is not None:  # calibrated: the model's own figure too
                 entry["raw_probability"] = f.raw_probability
+            if f.abstained:
+                entry["abstained"] = True
             if f.source == "generated":
                 entry.update(mean_logprob=f.mean_logprob, tokens=f.tokens, truncated=f.truncated)
             fields[name] = entry
@@ -230,8 +237,8 @@ class ExtractionResult:
         }
 
     def low_confidence(self, *, min_probability: float = 0.5, min_candidate_mass: float = 0.2) -> list[FieldResult]:
-        """Scored fields whose probability or candidate mass is below a threshold, and generated fields that
-        were cut or could not be completed.
+        """Scored fields whose probability or candidate mass is below a threshold or that abstained (the call's
+        ``min_probability``), and generated fields that were cut or could not be completed.
 
         Args:
             min_probability: Fields with a lower ``probability`` are returned.
@@ -246,10 +253,38 @@ class ExtractionResult:
             if (f.probability is not None and f.probability < min_probability)
             or (f.candidate_mass is not None and f.candidate_mass < min_candidate_mass)
             or f.truncated
+            or f.abstained
         ]
 
 
 # ---------------------------------------------------------------------------------------------------- building
+
+
+def abstain(
+    specs: Sequence[FieldSpec], fields: Mapping[str, FieldResult], min_probability: float, warnings: list[str]
+) -> dict[str, FieldResult]:
+    """``fields`` with every scored field below ``min_probability`` marked ``abstained``: an Optional single-label
+    field answers ``None``, any other keeps its label. Each is named in ``warnings``.
+
+    Args:
+        specs: The schema's fields, in order.
+        fields: Their results, by name.
+        min_probability: The threshold.
+        warnings: The result's warnings, appended to.
+    """
+    out = dict(fields)
+    for spec in specs:
+        f = fields[spec.name]
+        if f.source != "scored" or f.probability is None or f.probability >= min_probability:
+            continue
+        nullable = spec.kind != "multi" and any(label.value is None for label in spec.labels)
+        out[spec.name] = replace(f, value=None if nullable else f.value, abstained=True)
+        outcome = "answered null" if nullable else "kept its best label, flagged (the field cannot be null)"
+        warnings.append(
+            f"Field {spec.name!r}: probability {f.probability:.3f} is below min_probability {min_probability}; "
+            f"{outcome}."
+        )
+    return out
 
 
 def multi_result(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
 import warnings
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
 from pcd_engine import Engine, ExtractOptions, OptionError, RequestLimits
@@ -22,7 +23,8 @@ def read_settings(
 ) -> dict[str, Any]:
     """Check a constructor's arguments: ``model_name`` is another name for ``model``; an unknown argument close to
     a known one is a typo and refused; any other unknown one is dropped with a ``UserWarning`` (``others="warn"``)
-    or refused (``others="refuse"``); ``timeout`` must be positive.
+    or refused (``others="refuse"``); ``timeout`` must be positive; a ``calibration`` is kept as its JSON data
+    (:func:`calibration_json`).
 
     Args:
         owner: The class, for messages.
@@ -37,6 +39,8 @@ def read_settings(
         OptionError: On a typo, a refused argument, two names for different models, or a bad ``timeout``.
     """
     data = dict(data)
+    if "calibration" in data and "calibration" in known:
+        data["calibration"] = calibration_json(data["calibration"], owner=owner)
     if "model_name" in data and "model_name" not in known:
         name = data.pop("model_name")
         if data.get("model") not in (None, name):
@@ -60,15 +64,43 @@ def read_settings(
     return data
 
 
+def calibration_json(value: Any, *, owner: str) -> dict[str, Any] | None:
+    """A calibration given to an adapter (a :class:`~pcd_engine.calibration.Calibrator`, its JSON data or the path
+    of its file, as ``pcd calibrate`` writes it) as JSON data: what the adapter keeps, so that it serializes.
+
+    Raises:
+        OptionError: If it is none of those.
+        InputError: If the file cannot be read or is not a calibration.
+    """
+    from pcd_engine.calibration import Calibrator
+
+    if value is None:
+        return None
+    if isinstance(value, Calibrator):
+        return value.to_json()
+    if isinstance(value, (str, os.PathLike)):
+        return Calibrator.load(value).to_json()
+    if isinstance(value, Mapping):
+        return Calibrator.from_json(value).to_json()
+    raise OptionError(
+        f"{owner} calibration: expected a Calibrator, its JSON or the path of its file, but got {type(value).__name__}."
+    )
+
+
 def setting_options(
-    *, temperature: float | None, timeout: float | None, max_tokens: int | None = None
+    *,
+    temperature: float | None,
+    timeout: float | None,
+    max_tokens: int | None = None,
+    calibration: Mapping[str, Any] | None = None,
 ) -> ExtractOptions:
     """A chat model's ``temperature``, ``timeout`` and ``max_tokens`` as extraction options: a positive
     temperature reshapes structured probabilities (the decisions never change), the timeout bounds the request, and
-    ``max_tokens`` (``None``: the engine's default) bounds each open field's generated value."""
+    ``max_tokens`` (``None``: the engine's default) bounds each open field's generated value; ``calibration`` (JSON
+    data, see :func:`calibration_json`) corrects the closed fields' label priors."""
     warm = temperature if temperature is not None and temperature > 0 else None
     limits = RequestLimits(time_limit_s=timeout) if timeout else None
-    return ExtractOptions(temperature=warm, limits=limits, max_tokens=max_tokens)
+    return ExtractOptions(temperature=warm, limits=limits, max_tokens=max_tokens, calibration=calibration)
 
 
 def refuse_sampling(owner: str, temperature: float | None) -> None:

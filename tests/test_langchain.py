@@ -636,3 +636,31 @@ def test_a_calls_model_overrides_the_chat_models(tiny_engine, monkeypatch):
     structured = llm.with_structured_output(TicketDict).invoke(TICKET, model="third-model")
     assert set(structured) == {"wants_refund", "topic"} and loaded[-1] == ("third-model", "auto")
     assert llm.model is None and llm.engine is tiny_engine  # the chat model itself is unchanged
+
+
+def leaning_against(engine, text, schema, field):
+    """A calibrator that leans hard towards whatever ``field`` answers raw: the calibrated answer then differs."""
+    from pcd_engine import compile_schema
+    from pcd_engine.calibration import Calibrator
+
+    compiled = compile_schema(schema)
+    raw = engine.extract(text, schema, strategy="exact", staging="one_pass").fields[field]
+    top = max(range(len(raw.label_distribution)), key=raw.label_distribution.__getitem__)
+    lean = [p * (1e6 if i == top else 1.0) for i, p in enumerate(raw.label_distribution)]
+    return Calibrator.from_distributions(compiled, {field: [lean]}, model=engine.model_id)
+
+
+def test_a_calibration_reaches_every_structured_call(tiny_engine, tmp_path):
+    cal = leaning_against(tiny_engine, TICKET, Ticket, "topic")
+    expected = tiny_engine.extract(TICKET, Ticket, calibration=cal)
+    assert expected.values["topic"] != tiny_engine.extract(TICKET, Ticket).values["topic"]
+    path = cal.save(tmp_path / "cal.json")
+    for given in (cal, cal.to_json(), str(path), path):
+        llm = ChatPCD(engine=tiny_engine, calibration=given)
+        assert llm.calibration == cal.to_json()  # kept as JSON: the model still serializes
+        assert llm.with_structured_output(Ticket).invoke(TICKET) == expected.model
+    with pytest.raises(ValueError, match="calibration: expected a Calibrator, its JSON or the path"):
+        ChatPCD(engine=tiny_engine, calibration=3)
+    other = ChatPCD(engine=tiny_engine, calibration={**cal.to_json(), "model": "another/model"})
+    with pytest.raises(ValueError, match="expected the model it was fitted with"):
+        other.with_structured_output(Ticket).invoke(TICKET)

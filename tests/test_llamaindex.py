@@ -295,3 +295,20 @@ def test_extractor_takes_its_engine_from_llm_or_model(default_engine, monkeypatc
         PCDMetadataExtractor(Tags, llm=object())
     with pytest.raises(ValueError, match="one of engine, llm or model"):
         PCDMetadataExtractor(Tags, llm=llm, model="smollm2-135m")
+
+
+def test_a_calibration_reaches_the_llm_and_the_extractor(tiny_engine, tmp_path):
+    from tests.test_langchain import leaning_against
+
+    cal = leaning_against(tiny_engine, SPORT_TEXT, Tags, "tone")
+    path = cal.save(tmp_path / "cal.json")
+    expected = tiny_engine.extract(SPORT_TEXT, Tags, calibration=cal).values
+    assert expected != tiny_engine.extract(SPORT_TEXT, Tags).values
+    llm = PCDLLM(engine=tiny_engine, calibration=str(path))
+    assert llm.extract_options.calibration == cal
+    for extractor in (
+        PCDMetadataExtractor(Tags, llm=llm),
+        PCDMetadataExtractor(Tags, engine=tiny_engine, calibration=cal),
+    ):
+        (tags,) = extractor.extract_batches([TextNode(text=SPORT_TEXT)])
+        assert tags == {k: getattr(v, "value", v) for k, v in expected.items()}

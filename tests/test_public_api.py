@@ -118,6 +118,16 @@ def test_errors_share_one_base():
 
 
 MODULE_ALL = {
+    "pcd_engine.result": [
+        "Alternative",
+        "abstain",
+        "ExtractionResult",
+        "ExtractionStats",
+        "FieldResult",
+        "generated_result",
+        "multi_result",
+        "scored_result",
+    ],
     "pcd_engine.tools.baseline": [
         "BASELINES",
         "INVALID",
@@ -166,7 +176,15 @@ MODULE_ALL = {
         "tag_outcomes",
     ],
     "pcd_engine.tools.bench": ["BenchRow", "bench_presets", "one_wave"],
-    "pcd_engine.tools.eval": ["EvalReport", "MethodScore", "eval_schema", "evaluate"],
+    "pcd_engine.tools.eval": [
+        "COVERAGE_THRESHOLDS",
+        "CoveragePoint",
+        "EvalReport",
+        "MethodScore",
+        "accuracy_coverage",
+        "eval_schema",
+        "evaluate",
+    ],
     "pcd_engine.tools.check": [
         "CHECKS",
         "PROBE",
@@ -235,7 +253,7 @@ MODULE_ALL = {
         *("mlx_config_overrides", "mlx_weights_fix", "ollama_dir", "ollama_gguf", "resolve_model"),
     ],
     "pcd_engine.calibration": [
-        *("CALIBRATION_METHODS", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"),
+        *("CALIBRATION_METHODS", "FIT_CHUNK", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"),
     ],
     "pcd_engine.errors": [
         *("DISTRIBUTION", "pip_install", "require", "BackendUnavailableError", "ContextError", "DatasetError"),

@@ -59,6 +59,29 @@ def sse_events(body: str) -> list[tuple[str, dict]]:
 # ------------------------------------------------------------------------------------------------ JSON API
 
 
+def test_extract_takes_a_calibration_and_min_probability(client, default_engine):
+    from pcd_engine import compile_schema
+    from pcd_engine.calibration import Calibrator
+
+    rows = {"sentiment": [[0.8, 0.1, 0.1]], "wants_refund": [[0.3, 0.7]]}
+    cal = Calibrator.from_distributions(compile_schema(TICKET), rows, model=default_engine.model_id)
+    options = {"calibration": cal.to_json(), "min_probability": 0.99}
+    response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": options})
+    assert response.status_code == 200
+    data = response.json()
+    direct = default_engine.extract(TEXT, TICKET, calibration=cal, min_probability=0.99)
+    assert data["values"] == direct.values
+    for name in ("sentiment", "wants_refund"):
+        assert data["fields"][name]["raw_probability"] == pytest.approx(direct.fields[name].raw_probability)
+        assert data["fields"][name].get("abstained", False) == direct.fields[name].abstained
+    other = {"calibration": {**cal.to_json(), "model": "another/model"}}
+    response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": other})
+    assert response.status_code == 400 and "expected the model it was fitted with" in response.text
+    broken = {"calibration": {"format": "pcd-calibration/1"}}
+    response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": broken})
+    assert response.status_code == 400 and "expected a pcd calibration" in response.text
+
+
 def test_page_and_presets(client):
     page = client.get("/")
     assert page.status_code == 200 and "text/html" in page.headers["content-type"]

@@ -14,6 +14,8 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.checks import check_text
@@ -43,7 +45,10 @@ __all__ = ["build_parser", "main"]
 
 
 def _options(args: argparse.Namespace) -> ExtractOptions:
-    """The decoding flags of ``run`` and ``eval`` as one :class:`ExtractOptions` (unset flags keep defaults)."""
+    """The decoding flags of ``run``, ``eval``, ``calibrate`` and ``tag`` as one :class:`ExtractOptions` (unset
+    flags keep defaults; ``--calibration`` is read from its file)."""
+    from pcd_engine.calibration import Calibrator
+
     return ExtractOptions(
         strategy=args.strategy,
         anchor=False if args.no_anchor else None,
@@ -53,6 +58,8 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
         instructions=args.instructions,
         list_choices=False if args.no_list_choices else None,
         quoted_booleans=True if args.quoted_booleans else None,
+        calibration=Calibrator.load(args.calibration) if args.calibration else None,
+        min_probability=args.min_probability,
     )
 
 
@@ -184,9 +191,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if text is None:
         raise OptionError("pcd run: expected --context C.txt or --text TEXT (the schema has no example text).")
 
-    check_text(text)  # before the model loads
+    check_text(text)  # before the model loads, as the options are
+    options = _options(args)
     engine = _engine(args)
-    out = engine.extract(text, schema, _options(args))
+    out = engine.extract(text, schema, options)
     if args.json:
         print(json.dumps(out.to_json(), indent=2, ensure_ascii=False))
         return 0
@@ -254,14 +262,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from pcd_engine.tools.baseline import parse_against
     from pcd_engine.tools.datasets import load_dataset
-    from pcd_engine.tools.eval import eval_schema, evaluate
+    from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, eval_schema, evaluate
 
     against = parse_against(args.against)
+    if args.calibrate and args.calibration:
+        raise OptionError("pcd eval: expected either --calibrate or --calibration CAL.json, but got both.")
     docs = load_dataset(args.dataset, limit=args.limit, seed=args.seed)
     given = read_json(args.schema, "Schema") if args.schema else None
     schema = eval_schema(args.field, [d.label for d in docs], description=args.description, schema=given)
-    engine = _engine(args)
     options = _options(args).set_fields()
+    engine = _engine(args)
     calibrations, fitted = _eval_calibrations(args, engine, docs, schema, options)
     with progress(len(docs), quiet=args.quiet, unit="doc") as tick:
         report = evaluate(
@@ -284,6 +294,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 f"{m.agreement_with_pcd:.1%}",
             )
             for m in report.methods
+        ],
+    )
+    curves = [(m.method, report.coverage(m)) for m in report.methods if m.probabilities]
+    print("\naccuracy-coverage: answering only where the probability reaches min_probability\n")
+    show_table(
+        ("min_probability", *(f"{name}: coverage / accuracy" for name, _ in curves)),
+        [
+            (
+                f"{threshold:.1f}",
+                *(
+                    f"{c[i].coverage:.0%} / " + ("-" if c[i].accuracy is None else f"{c[i].accuracy:.1%}")
+                    for _, c in curves
+                ),
+            )
+            for i, threshold in enumerate(COVERAGE_THRESHOLDS)
         ],
     )
     for m in report.methods:
@@ -333,7 +358,7 @@ def _eval_calibrations(
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from pcd_engine.calibration import Calibrator
+    from pcd_engine.calibration import FIT_CHUNK, Calibrator
     from pcd_engine.schema import compile_schema
     from pcd_engine.tools.corpus import read_corpus
 
@@ -342,10 +367,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise OptionError(f"Schema: expected exactly one of --schema S.json and --preset PRESET, but got {got}.")
     schema = compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
     docs = read_corpus(args.input, text_column=args.text_column, limit=args.limit)
+    options = _options(args)
     engine = _engine(args)
-    with progress(1, quiet=args.quiet, unit="fit") as tick:
-        tick(f"reading {len(docs)} documents")
-        cal = Calibrator.fit(engine, [d.text for d in docs], schema, method=args.method, options=_options(args))
+    with progress(-(-len(docs) // FIT_CHUNK), quiet=args.quiet, unit="chunk") as tick:
+        cal = Calibrator.fit(engine, [d.text for d in docs], schema, method=args.method, options=options, progress=tick)
     path = cal.save(args.output)
     if args.json:
         print(json.dumps(cal.to_json(), indent=2, ensure_ascii=False))
@@ -386,6 +411,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
     options = _options(args)
     chosen = select_backend(args.backend)
     name = None if args.model in ("default", DEFAULT_MODEL) else args.model
+    engine = None
+    calibration_path = Path(f"{args.output}.calibration.json")
+    if args.calibrate is not None:
+        engine, options = _tag_calibration(args, schema, docs, options, calibration_path)
     model_id = (
         f"{resolve_model(name, backend=chosen, dtype=args.dtype)} ({chosen}{', ' + args.dtype if args.dtype else ''})"
     )
@@ -393,11 +422,14 @@ def cmd_tag(args: argparse.Namespace) -> int:
         schema, model=model_id, options=options, columns={"text": args.text_column, "id": args.id_column}
     )
     check_output(args.output, identity, overwrite=args.overwrite)  # before the model loads
+    if args.calibrate is not None and not calibration_path.exists():
+        options.calibration.save(calibration_path)
+        print(f"pcd tag: calibration saved to {calibration_path}", file=sys.stderr)
     ray_started = False
     if args.ray or args.ray_address is not None:
         runner, ray_started = _ray_runner(args, schema, options, name=name, backend=chosen)
     else:
-        engine = _engine(args)
+        engine = engine or _engine(args)
         runner = engine_parts(engine, schema, options=options, part_size=args.part_size, batch_size=args.batch_size)
     try:
         summary = run_tag_job(
@@ -422,6 +454,38 @@ def cmd_tag(args: argparse.Namespace) -> int:
         + (f"; {summary.dropped} rows of ids no longer in the input dropped" if summary.dropped else "")
     )
     return 0
+
+
+def _tag_calibration(
+    args: argparse.Namespace, schema: Any, docs: Sequence[Any], options: ExtractOptions, path: Path
+) -> tuple[Engine | None, ExtractOptions]:
+    """``pcd tag --calibrate N``: the calibration saved beside the output by an earlier run of the job (kept
+    unless ``--overwrite``), or one fitted now on N documents sampled from the corpus (seed 0), with the engine
+    loaded for it (``None`` when none was loaded)."""
+    import random
+
+    from pcd_engine.calibration import FIT_CHUNK, Calibrator
+
+    if options.calibration is not None:
+        raise OptionError("pcd tag: expected either --calibrate N or --calibration CAL.json, but got both.")
+    if args.calibrate < 1:
+        raise OptionError(f"pcd tag --calibrate: expected a positive number of documents, but got {args.calibrate}.")
+    if path.exists() and not args.overwrite:
+        if not args.quiet:
+            print(f"pcd tag: reusing the calibration in {path} (--overwrite fits a new one)", file=sys.stderr)
+        return None, replace(options, calibration=Calibrator.load(path))
+    if path.exists():
+        path.unlink()
+    sample = random.Random(0).sample(list(docs), min(args.calibrate, len(docs)))
+    engine = _engine(args)
+    if not args.quiet:
+        print(f"pcd tag: calibrating on {len(sample)} documents of the corpus first", file=sys.stderr)
+    with progress(-(-len(sample) // FIT_CHUNK), quiet=args.quiet, unit="chunk") as tick:
+        cal = Calibrator.fit(
+            engine, [d.text for d in sample], schema, method=args.calibrate_method, options=options,
+            batch_size=args.batch_size, progress=tick,
+        )  # fmt: skip
+    return engine, replace(options, calibration=cal)
 
 
 def _ray_runner(
@@ -538,6 +602,16 @@ def _with_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instructions", default=None, help="text that replaces pcd's own instruction sentence")
     p.add_argument("--no-list-choices", action="store_true", help="do not list the allowed values in the prompt")
     p.add_argument("--quoted-booleans", action="store_true", help='write booleans as "true" / "false"')
+    p.add_argument(
+        "--calibration", metavar="CAL.json", default=None, help="correct label priors with a pcd calibrate file"
+    )
+    p.add_argument(
+        "--min-probability",
+        type=float,
+        default=None,
+        metavar="P",
+        help="abstain below this probability: Optional fields answer null, the others are flagged",
+    )
 
 
 def _add_run(sub: Any) -> None:
@@ -676,6 +750,17 @@ def _add_tag(sub: Any) -> None:
     p.add_argument("--ray-address", default=None, metavar="ADDRESS", help="the Ray cluster to join (implies --ray)")
     p.add_argument("--concurrency", type=int, default=1, help="Ray actors, one engine each (default: 1)")
     p.add_argument("--num-gpus", type=float, default=None, help="GPUs per Ray actor (default: none)")
+    p.add_argument(
+        "--calibrate",
+        type=int,
+        nargs="?",
+        const=200,
+        default=None,
+        metavar="N",
+        help="first fit a calibration on N sampled documents (default 200), saved as OUTPUT.calibration.json and "
+        "reused when the job resumes",
+    )
+    p.add_argument("--calibrate-method", default="em", choices=("mean", "em"), help="default: em")
     _with_decoding(p)
     p.set_defaults(func=cmd_tag)
 
@@ -734,7 +819,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         _silence_stdout()
         return 141
     except PCDError as exc:
-        print(f"pcd {args.command}: error: {exc}", file=sys.stderr)
+        said = str(exc).removeprefix(f"pcd {args.command}: ")  # the command is named once
+        print(f"pcd {args.command}: error: {said}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"pcd {args.command}: interrupted", file=sys.stderr)

@@ -19,7 +19,18 @@ from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classifi
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
-__all__ = ["EvalReport", "MethodScore", "eval_schema", "evaluate"]
+__all__ = [
+    "COVERAGE_THRESHOLDS",
+    "CoveragePoint",
+    "EvalReport",
+    "MethodScore",
+    "accuracy_coverage",
+    "eval_schema",
+    "evaluate",
+]
+
+COVERAGE_THRESHOLDS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+"""The ``min_probability`` values ``pcd eval`` prints the accuracy-coverage curve at."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +44,8 @@ class MethodScore:
         mean_ms: Mean wall time per document.
         invalid: Documents where the method wrote no valid value for the field.
         agreement_with_pcd: Fraction of documents where it chose pcd's label (1.0 for pcd itself).
+        probabilities: For pcd (calibrated or not), its probability of each prediction, in document order; empty
+            for a baseline, which reports none.
     """
 
     method: str
@@ -41,6 +54,46 @@ class MethodScore:
     mean_ms: float
     invalid: int
     agreement_with_pcd: float
+    probabilities: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class CoveragePoint:
+    """One point of an accuracy-coverage curve: what abstaining below ``threshold`` keeps.
+
+    Attributes:
+        threshold: The ``min_probability``.
+        coverage: The fraction of documents answered (probability at least ``threshold``).
+        accuracy: The accuracy on those documents; ``None`` when none is kept.
+    """
+
+    threshold: float
+    coverage: float
+    accuracy: float | None
+
+
+def accuracy_coverage(
+    predictions: Sequence[str],
+    probabilities: Sequence[float],
+    gold: Sequence[str],
+    thresholds: Sequence[float] = COVERAGE_THRESHOLDS,
+) -> tuple[CoveragePoint, ...]:
+    """For each threshold, the share of documents whose probability reaches it and the accuracy on them.
+
+    Raises:
+        OptionError: If the three sequences differ in length.
+    """
+    if not len(predictions) == len(probabilities) == len(gold):
+        raise OptionError(
+            f"accuracy_coverage: expected as many predictions, probabilities and gold labels, but got "
+            f"{len(predictions)}, {len(probabilities)} and {len(gold)}."
+        )
+    points = []
+    for threshold in thresholds:
+        kept = [p == g for p, q, g in zip(predictions, probabilities, gold, strict=True) if q >= threshold]
+        coverage = len(kept) / len(gold) if gold else 0.0
+        points.append(CoveragePoint(threshold, coverage, sum(kept) / len(kept) if kept else None))
+    return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -60,8 +113,19 @@ class EvalReport:
     methods: tuple[MethodScore, ...]
 
     def to_json(self) -> dict[str, Any]:
-        """The report as plain JSON-ready data."""
-        return dataclasses.asdict(self)
+        """The report as plain JSON-ready data, with each pcd method's accuracy-coverage curve."""
+        data = dataclasses.asdict(self)
+        for entry, method in zip(data["methods"], self.methods, strict=True):
+            entry["accuracy_coverage"] = [dataclasses.asdict(p) for p in self.coverage(method)]
+        return data
+
+    def coverage(
+        self, method: MethodScore, thresholds: Sequence[float] = COVERAGE_THRESHOLDS
+    ) -> tuple[CoveragePoint, ...]:
+        """``method``'s accuracy-coverage curve (empty for a baseline, which reports no probabilities)."""
+        if not method.probabilities:
+            return ()
+        return accuracy_coverage(method.predictions, method.probabilities, self.gold, thresholds)
 
 
 def eval_schema(field: str, labels: Sequence[str], *, description: str | None = None, schema: Any = None) -> Schema:
@@ -131,6 +195,7 @@ def evaluate(
     methods = ("pcd", *calibrated, *against)
     preds: dict[str, list[str]] = {m: [] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
+    probabilities: dict[str, list[float]] = {m: [] for m in methods}
     engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
     size = engine.batch_size()
     runs = {"pcd": extract_options, **{name: {**extract_options, "calibration": c} for name, c in calibrated.items()}}
@@ -144,6 +209,7 @@ def evaluate(
             each = (time.perf_counter() - started) * 1000 / len(chunk)
             times[name] += [each] * len(chunk)
             preds[name] += [str(out.values[field]) for out in outs]
+            probabilities[name] += [float(out.fields[field].probability or 0.0) for out in outs]
         for text in chunk:
             for method in against:
                 result = BASELINES[method](engine, text, schema)
@@ -160,6 +226,7 @@ def evaluate(
             mean_ms=statistics.fmean(times[m]),
             invalid=preds[m].count(INVALID),
             agreement_with_pcd=agreement(preds[m], preds["pcd"]),
+            probabilities=tuple(probabilities[m]),
         )
         for m in methods
     )

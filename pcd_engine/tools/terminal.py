@@ -75,16 +75,23 @@ RESULT_HEAD = ("field", "value", "probability", "candidate mass", "next alternat
 
 def result_rows(out: Any) -> list[tuple[str, ...]]:
     """One row per field of an :class:`~pcd_engine.result.ExtractionResult`: its value (JSON), probability (or
-    "generated"), candidate mass and the two runners-up (never the answer itself), for :func:`show_table`."""
+    "generated"; a calibrated one with the model's raw figure, an abstained one marked), candidate mass and the two
+    runners-up (never the answer itself), for :func:`show_table`."""
 
     def js(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False)
+
+    def probability(f: Any) -> str:
+        if f.probability is None:
+            return "generated"
+        raw = "" if f.raw_probability is None else f" (raw {f.raw_probability:.2f})"
+        return f"{f.probability:.2f}{raw}" + (", abstained" if f.abstained else "")
 
     return [
         (
             f.name,
             js(f.value),
-            "generated" if f.probability is None else f"{f.probability:.2f}",
+            probability(f),
             "-" if f.candidate_mass is None else f"{f.candidate_mass:.2f}",
             ", ".join(f"{js(a.value)}={a.probability:.2f}" for a in f.runners_up()),
         )
