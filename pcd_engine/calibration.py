@@ -52,26 +52,32 @@ def mean_prior(distributions: Sequence[Sequence[float]]) -> tuple[float, ...]:
 
 
 def em_bias(
-    distributions: Sequence[Sequence[float]], *, iterations: int = 500, tolerance: float = 1e-9
+    distributions: Sequence[Sequence[float]],
+    *,
+    target: Sequence[float] | None = None,
+    iterations: int = 500,
+    tolerance: float = 1e-9,
 ) -> tuple[float, ...]:
-    """The label prior ``b`` under which these posteriors look computed, assuming the documents' own labels are
-    balanced: dividing every row by ``b`` makes the rows average to uniform.
+    """The label prior ``b`` under which these posteriors look computed, given the documents' own label shares
+    ``target`` (uniform by default): correcting every row by ``target / b`` makes the rows average to ``target``.
 
     Saerens et al.'s EM with the roles swapped: start from the mean, correct every row by the current ``b``, and
-    move each label's ``b`` by how far its corrected mean is from uniform, until none is.
+    move each label's ``b`` by how far its corrected mean is from ``target``, until none is.
 
     Args:
         distributions: One posterior (over the same labels) per document.
+        target: The labels' shares among these documents (positive, summing to 1); ``None``: uniform.
         iterations: The most steps.
-        tolerance: Stop when every corrected mean is this close to uniform.
+        tolerance: Stop when every corrected mean is this close to ``target``.
     """
     bias = list(mean_prior(distributions))
-    width = len(bias)
+    goal = list(target) if target is not None else [1.0 / len(bias)] * len(bias)
     for _ in range(iterations):
-        corrected = mean_prior([reweight(row, [1.0 / b if b > 0 else 0.0 for b in bias]) for row in distributions])
-        if max(abs(c - 1.0 / width) for c in corrected) < tolerance:
+        weights = [g / b if b > 0 else 0.0 for g, b in zip(goal, bias, strict=True)]
+        corrected = mean_prior([reweight(row, weights) for row in distributions])
+        if max(abs(c - g) for c, g in zip(corrected, goal, strict=True)) < tolerance:
             break
-        bias = list(_normalized([b * c * width for b, c in zip(bias, corrected, strict=True)]))
+        bias = list(_normalized([b * c / g for b, c, g in zip(bias, corrected, goal, strict=True)]))
     return tuple(bias)
 
 
@@ -87,6 +93,63 @@ def _normalized(values: Sequence[float], *, fallback: Sequence[float] | None = N
     return tuple(v / total for v in values)
 
 
+def _target(name: str, shares: Sequence[float], width: int, multi: bool) -> tuple[float, ...]:
+    """A field's given label shares, checked: one per label, each in (0, 1) and (single-label) summing to 1."""
+    values = tuple(float(v) for v in shares)
+    if len(values) != width or not all(0 < v < 1 for v in values):
+        raise OptionError(
+            f"Calibration prior of {name!r}: expected {width} shares, each strictly between 0 and 1, but got "
+            f"{list(values)}."
+        )
+    if not multi and abs(sum(values) - 1.0) > 1e-6:
+        raise OptionError(
+            f"Calibration prior of {name!r}: expected shares summing to 1, but they sum to {sum(values)}."
+        )
+    return values
+
+
+def _example_priors(
+    closed: Sequence[FieldSpec], examples: Sequence[tuple[str, Mapping[str, Any]]]
+) -> dict[str, tuple[float, ...]]:
+    """Each closed field's label shares among labelled ``examples``, add-one smoothed (for a multi-label field,
+    each label's share of "yes"), for the fields any example labels.
+
+    Raises:
+        OptionError: If an example is not ``(text, mapping)``, names a field that is not calibrated, or gives a
+            value the field does not allow.
+    """
+    by_name = {spec.name: spec for spec in closed}
+    counts: dict[str, list[int]] = {}
+    seen: dict[str, int] = {}
+    for i, example in enumerate(examples):
+        if not (isinstance(example, tuple) and len(example) == 2 and isinstance(example[1], Mapping)):
+            raise OptionError(f"Calibration example {i}: expected (text, {{field: value}}), but got {example!r}.")
+        for name, value in example[1].items():
+            spec = by_name.get(name)
+            if spec is None:
+                raise OptionError(
+                    f"Calibration example {i}: expected one of the calibrated fields {list(by_name)}, but got {name!r}."
+                )
+            values = [label.value for label in spec.labels]
+            chosen = value if spec.kind == "multi" else [value]
+            if not isinstance(chosen, list) or any(v not in values for v in chosen):
+                raise OptionError(
+                    f"Calibration example {i}, field {name!r}: expected "
+                    f"{'a list of ' if spec.kind == 'multi' else ''}values from {values}, but got {value!r}."
+                )
+            tally = counts.setdefault(name, [0] * len(values))
+            for v in chosen:
+                tally[values.index(v)] += 1
+            seen[name] = seen.get(name, 0) + 1
+    out = {}
+    for name, tally in counts.items():
+        if by_name[name].kind == "multi":
+            out[name] = tuple((c + 1) / (seen[name] + 2) for c in tally)
+        else:
+            out[name] = tuple((c + 1) / (seen[name] + len(tally)) for c in tally)
+    return out
+
+
 @dataclass(frozen=True)
 class FieldPrior:
     """One closed field's correction.
@@ -97,7 +160,7 @@ class FieldPrior:
         bias: The model's label prior ``b`` over ``labels``, estimated on the fitting documents (see
             :data:`CALIBRATION_METHODS`); for a multi-label field, each label's prior of "yes".
         prior: The prior the corrected distribution is given instead: uniform (0.5 for each "yes" of a
-            multi-label field).
+            multi-label field), or the labels' shares among labelled examples (see :meth:`Calibrator.fit`).
     """
 
     name: str
@@ -133,6 +196,7 @@ class Calibrator:
         method: One of :data:`CALIBRATION_METHODS`.
         documents: How many documents it was fitted on.
         fields: One :class:`FieldPrior` per closed field with more than one label.
+        examples: How many labelled examples set the fields' priors (0: the priors are uniform).
     """
 
     schema_fingerprint: str
@@ -141,6 +205,7 @@ class Calibrator:
     method: str
     documents: int
     fields: tuple[FieldPrior, ...]
+    examples: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in CALIBRATION_METHODS:
@@ -156,6 +221,8 @@ class Calibrator:
         *,
         model: str,
         method: str = "mean",
+        priors: Mapping[str, Sequence[float]] | None = None,
+        examples: int = 0,
     ) -> Calibrator:
         """A calibrator from each field's per-document distributions (what :meth:`fit` collects).
 
@@ -165,6 +232,9 @@ class Calibrator:
                 or each label's probability of "yes" for a multi-label field.
             model: The model's identity.
             method: One of :data:`CALIBRATION_METHODS`.
+            priors: Field name to the labels' shares in the documents (each label's share of "yes" for a
+                multi-label field), when known; the others are taken as uniform (0.5 for each "yes").
+            examples: How many labelled examples ``priors`` came from (recorded; 0 when none).
 
         Raises:
             OptionError: If the method is unknown, a field is not a closed field of the schema, or a row has the
@@ -172,7 +242,10 @@ class Calibrator:
         """
         if method not in CALIBRATION_METHODS:
             raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {method!r}.")
-        priors = []
+        for name in priors or {}:
+            if name not in distributions:
+                raise OptionError(f"Calibration priors: expected a field that is calibrated, but got {name!r}.")
+        fitted = []
         counts = {len(rows) for rows in distributions.values()}
         for name, rows in distributions.items():
             spec = _closed_field(schema, name)
@@ -182,21 +255,33 @@ class Calibrator:
                     f"Calibration field {name!r}: expected {len(labels)} probabilities per document, but a row has "
                     f"{next(len(row) for row in rows if len(row) != len(labels))}."
                 )
-            estimate = em_bias if method == "em" else mean_prior
-            if spec.kind == "multi":  # each label's yes/no on its own
-                bias = tuple(estimate([(r[i], 1.0 - r[i]) for r in rows])[0] for i in range(len(labels)))
-                prior: tuple[float, ...] = (0.5,) * len(labels)
+            multi = spec.kind == "multi"
+            given = (priors or {}).get(name)
+            prior: tuple[float, ...] = (
+                _target(name, given, len(labels), multi)
+                if given is not None
+                else ((0.5,) * len(labels) if multi else tuple(1.0 / len(labels) for _ in labels))
+            )
+
+            def estimate(table: Sequence[Sequence[float]], goal: Sequence[float]) -> tuple[float, ...]:
+                return em_bias(table, target=goal) if method == "em" else mean_prior(table)
+
+            if multi:  # each label's yes/no on its own
+                bias = tuple(
+                    estimate([(r[i], 1.0 - r[i]) for r in rows], (prior[i], 1.0 - prior[i]))[0]
+                    for i in range(len(labels))
+                )
             else:
-                bias = estimate(rows)
-                prior = tuple(1.0 / len(labels) for _ in labels)
-            priors.append(FieldPrior(name, labels, bias, prior))
+                bias = estimate(rows, prior)
+            fitted.append(FieldPrior(name, labels, bias, prior))
         return cls(
             schema_fingerprint=schema.fingerprint,
             schema_title=schema.title,
             model=model,
             method=method,
             documents=max(counts) if counts else 0,
-            fields=tuple(priors),
+            fields=tuple(fitted),
+            examples=examples,
         )
 
     @classmethod
@@ -210,6 +295,7 @@ class Calibrator:
         options: Any = None,
         batch_size: int | None = None,
         progress: Callable[[str], None] | None = None,
+        examples: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> Calibrator:
         """Estimate the corrections from unlabelled ``texts``: each closed field's full label distribution on every
         document (one batched extraction, every label read), then :meth:`from_distributions`.
@@ -223,9 +309,14 @@ class Calibrator:
                 options must be those the calibrator will be used with; a ``calibration`` there is refused).
             batch_size: Documents per pass (``None``: the engine's choice).
             progress: Called with a short description before each chunk of :data:`FIT_CHUNK` documents.
+            examples: A few labelled documents, ``(text, {field: value})``, to refine the fit: their texts join
+                ``texts``, and their labels give each field's label shares (add-one smoothed) as the prior the
+                corrected distributions are given, instead of uniform (a corpus whose labels are far from
+                balanced). A field no example labels keeps the uniform prior.
 
         Raises:
-            OptionError: If there are no texts, the method is unknown, or the options carry a calibration.
+            OptionError: If there are no texts, the method is unknown, the options carry a calibration, or an
+                example labels a field that is not calibrated or with a value the field does not allow.
         """
         from pcd_engine.options import ExtractOptions
         from pcd_engine.schema import compile_schema
@@ -240,6 +331,8 @@ class Calibrator:
         call = call.read_whole()  # every label's probability, as the calibrated calls will read them
         compiled = compile_schema(schema)
         closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
+        priors = _example_priors(closed, examples)
+        texts = [*texts, *(text for text, _ in examples)]
         results = []
         for first in range(0, len(texts), FIT_CHUNK):
             chunk = list(texts[first : first + FIT_CHUNK])
@@ -255,7 +348,9 @@ class Calibrator:
                     distributions[spec.name].append([yes[label.value] for label in spec.labels])
                 else:
                     distributions[spec.name].append(list(got.label_distribution or ()))
-        return cls.from_distributions(compiled, distributions, model=engine.model_id, method=method)
+        return cls.from_distributions(
+            compiled, distributions, model=engine.model_id, method=method, priors=priors, examples=len(examples)
+        )
 
     # ------------------------------------------------------------------------------------------ use
 
@@ -290,6 +385,7 @@ class Calibrator:
             "model": self.model,
             "method": self.method,
             "documents": self.documents,
+            "examples": self.examples,
             "fields": [
                 {"name": f.name, "labels": list(f.labels), "bias": list(f.bias), "prior": list(f.prior)}
                 for f in self.fields
@@ -314,6 +410,7 @@ class Calibrator:
                 model=str(data["model"]),
                 method=str(data["method"]),
                 documents=int(data["documents"]),
+                examples=int(data.get("examples", 0)),
                 fields=tuple(
                     FieldPrior(
                         str(f["name"]),

@@ -52,6 +52,15 @@ def test_em_recovers_a_planted_label_prior():
     assert mean_prior(posteriors)[0] < 0.5
 
 
+def test_em_with_the_true_label_shares_recovers_the_lean_on_an_unbalanced_corpus():
+    """Documents 60/20/20 and a planted lean towards the second label: EM given the corpus's shares finds the lean;
+    assuming balance, it mistakes part of the corpus's own skew for the model's."""
+    shares, lean = (0.6, 0.2, 0.2), (1.0, 3.0, 1.0)
+    _, posteriors = synthetic_posteriors(shares, lean, 8000, seed=3)
+    assert em_bias(posteriors, target=shares) == pytest.approx((0.2, 0.6, 0.2), abs=0.02)
+    assert em_bias(posteriors)[0] > 0.3  # balance assumed: the first label's frequency is read as a lean
+
+
 def test_dividing_out_the_lean_restores_balanced_decisions():
     truth, posteriors = synthetic_posteriors((1 / 3, 1 / 3, 1 / 3), (6.0, 1.0, 1.0), 8000, seed=2)
     raw = np.argmax(posteriors, axis=1)
@@ -194,6 +203,36 @@ def test_fit_on_unlabelled_documents(oracle):
     assert corrected == pytest.approx([0.25] * 4, abs=1e-3)
     tags = np.mean([list(r.fields["tags"].label_probabilities.values()) for r in results], axis=0)
     assert by_mean.field("tags").bias == pytest.approx(tuple(tags), abs=1e-9)
+
+
+def test_labelled_examples_set_the_priors_the_fit_aims_at(oracle):
+    _, engine = oracle
+    texts = [f"Ticket {i}: the parcel is late and the customer is upset." for i in range(4)]
+    examples = [
+        ("Refund now, it broke!", {"deadline": "1_HOUR", "tags": ["broken", "billing"]}),
+        ("Whenever you can.", {"deadline": "1_WEEK", "carrier": None, "tags": []}),
+        ("Today please.", {"deadline": "1_HOUR"}),
+    ]
+    cal = Calibrator.fit(engine, texts, SCHEMA, method="em", examples=examples)
+    assert (cal.documents, cal.examples) == (7, 3)
+    assert cal.field("deadline").prior == pytest.approx((3 / 7, 1 / 7, 2 / 7, 1 / 7))  # 1_HOUR twice, 1_WEEK once
+    assert cal.field("carrier").prior == pytest.approx((1 / 4, 1 / 4, 2 / 4))
+    assert cal.field("tags").prior == pytest.approx((2 / 4, 1 / 4, 2 / 4))  # yes-shares over the 2 labelled
+    assert cal.field("urgent").prior == (0.5, 0.5)  # no example labels it: uniform
+    every = texts + [t for t, _ in examples]
+    results = engine.extract_many(every, SCHEMA, strategy="exact", staging="one_pass")
+    rows = [r.fields["deadline"].label_distribution for r in results]
+    corrected = np.mean([cal.field("deadline").correct(row) for row in rows], axis=0)
+    assert corrected == pytest.approx(cal.field("deadline").prior, abs=1e-3)  # the corrected mean hits the prior
+    assert Calibrator.from_json(cal.to_json()) == cal
+    for bad, match in (
+        ([("x", {"queue": "billing"})], "expected one of the calibrated fields"),
+        ([("x", {"deadline": "2_HOURS"})], r"field 'deadline': expected values from"),
+        ([("x", {"tags": "billing"})], r"field 'tags': expected a list of values"),
+        (["x"], r"Calibration example 0: expected \(text, \{field: value\}\)"),
+    ):
+        with pytest.raises(OptionError, match=match):
+            Calibrator.fit(engine, texts, SCHEMA, examples=bad)
 
 
 # ------------------------------------------------------------------------------------------------ files and refusals
