@@ -205,7 +205,7 @@ def test_llamaindex_function_calling_api(smol_tokenizer):
         return f"Refunded {amount}."
 
     tools = [FunctionTool.from_defaults(get_order_status), FunctionTool.from_defaults(refund)]
-    llm = PCDLLM(engine=order_status_engine(smol_tokenizer, ANSWER), max_tokens=4)
+    llm = PCDLLM(engine=order_status_engine(smol_tokenizer, ANSWER), max_tokens=8)  # bounds the arguments too
     assert llm.metadata.is_function_calling_model and llm.metadata.is_chat_model
 
     reply = llm.chat_with_tools(tools, user_msg=ORDER)
