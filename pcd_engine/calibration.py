@@ -247,6 +247,10 @@ class Calibrator:
                 raise OptionError(f"Calibration priors: expected a field that is calibrated, but got {name!r}.")
         fitted = []
         counts = {len(rows) for rows in distributions.values()}
+
+        def estimate(table: Sequence[Sequence[float]], goal: Sequence[float]) -> tuple[float, ...]:
+            return em_bias(table, target=goal) if method == "em" else mean_prior(table)
+
         for name, rows in distributions.items():
             spec = _closed_field(schema, name)
             labels = tuple(label.value for label in spec.labels)
@@ -257,15 +261,10 @@ class Calibrator:
                 )
             multi = spec.kind == "multi"
             given = (priors or {}).get(name)
-            prior: tuple[float, ...] = (
-                _target(name, given, len(labels), multi)
-                if given is not None
-                else ((0.5,) * len(labels) if multi else tuple(1.0 / len(labels) for _ in labels))
-            )
-
-            def estimate(table: Sequence[Sequence[float]], goal: Sequence[float]) -> tuple[float, ...]:
-                return em_bias(table, target=goal) if method == "em" else mean_prior(table)
-
+            if given is not None:
+                prior = _target(name, given, len(labels), multi)
+            else:  # uniform: 0.5 for each "yes" of a multi-label field
+                prior = (0.5 if multi else 1.0 / len(labels),) * len(labels)
             if multi:  # each label's yes/no on its own
                 bias = tuple(
                     estimate([(r[i], 1.0 - r[i]) for r in rows], (prior[i], 1.0 - prior[i]))[0]

@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine.calibration import CALIBRATION_METHODS
 from pcd_engine.checks import check_text
 from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError, pip_install
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
@@ -661,7 +662,7 @@ def _add_eval(sub: Any) -> None:
         action="store_true",
         help="also pcd calibrated on the evaluated texts (transductive) and on other documents (inductive)",
     )
-    p.add_argument("--calibrate-method", default="em", choices=("mean", "em"), help="default: em")
+    p.add_argument("--calibrate-method", default="em", choices=CALIBRATION_METHODS, help="default: em")
     _with_decoding(p)
     p.set_defaults(func=cmd_eval)
 
@@ -674,7 +675,7 @@ def _add_calibrate(sub: Any) -> None:
     p.add_argument("--input", required=True, help="the documents: .jsonl, .csv, .parquet or a folder (as pcd tag)")
     p.add_argument("--text-column", default="text", help="the column holding the text (default: text)")
     p.add_argument("--limit", type=int, default=None, help="read only the first N documents")
-    p.add_argument("--method", default="em", choices=("mean", "em"), help="default: em")
+    p.add_argument("--method", default="em", choices=CALIBRATION_METHODS, help="default: em")
     p.add_argument("-o", "--output", required=True, metavar="CAL.json", help="where to write the calibration")
     p.add_argument("--json", action="store_true", help="print the calibration as JSON")
     _with_decoding(p)
@@ -760,7 +761,7 @@ def _add_tag(sub: Any) -> None:
         help="first fit a calibration on N sampled documents (default 200), saved as OUTPUT.calibration.json and "
         "reused when the job resumes",
     )
-    p.add_argument("--calibrate-method", default="em", choices=("mean", "em"), help="default: em")
+    p.add_argument("--calibrate-method", default="em", choices=CALIBRATION_METHODS, help="default: em")
     _with_decoding(p)
     p.set_defaults(func=cmd_tag)
 
