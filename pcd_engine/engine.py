@@ -45,7 +45,12 @@ from pcd_engine.result import ExtractionResult
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.staging import PassCost, measure_pass_cost
 
-__all__ = ["Engine", "EngineOptions"]
+__all__ = ["SHARED_ENGINES", "Engine", "EngineOptions"]
+
+SHARED_ENGINES = 4
+"""How many engines :meth:`Engine.shared` keeps loaded in a process."""
+_SHARED: dict[tuple[str, str, str | None, str | None, str], Engine] = {}
+_SHARED_LOCK = threading.Lock()
 
 
 class Engine:
@@ -118,11 +123,79 @@ class Engine:
             ModelLoadError: If the model cannot be found or loaded.
             BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
-        from pcd_engine.models import DEFAULT_MODEL, resolve_model
+        from pcd_engine.models import resolve_model
 
         chosen = select_backend(backend)
         path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
-        if chosen == "mlx":
+        return cls._from_resolved(
+            name_or_path, path, backend=chosen, device=device, dtype=dtype, scorer=scorer, **options
+        )
+
+    @classmethod
+    def shared(
+        cls,
+        name_or_path: str | os.PathLike[str] | None = None,
+        *,
+        backend: str = "auto",
+        device: str | None = None,
+        dtype: str | None = None,
+        scorer: str = "auto",
+    ) -> Engine:
+        """The process's one engine for a model: loaded on first use, then returned to every later caller that names
+        the same weights, under whatever name (``None``, ``"smollm2-135m"`` and the converted folder's path are one
+        model, and its :attr:`model_id` is the name it was first loaded by). What the adapters (LangChain,
+        LlamaIndex) use, so that building them is cheap.
+
+        Engines are keyed by what they load: the resolved model (a real path for a local folder), the backend
+        actually chosen, the device, the dtype and the scorer. At most :data:`SHARED_ENGINES` are kept; the least
+        recently used is dropped first. An engine is safe to share between threads (see the module docstring).
+
+        Args:
+            name_or_path: As for :meth:`load`.
+            backend: As for :meth:`load`.
+            device: As for :meth:`load`.
+            dtype: As for :meth:`load`.
+            scorer: As for :meth:`load`.
+
+        Returns:
+            The shared engine, with default :class:`EngineOptions`.
+
+        Raises:
+            ModelLoadError: If the model cannot be found or loaded.
+            BackendUnavailableError: If the backend is unknown or its libraries are missing.
+        """
+        from pcd_engine.models import resolve_model
+
+        chosen = select_backend(backend)
+        path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
+        key = (os.path.realpath(path) if os.path.exists(path) else path, chosen, device, dtype, scorer)
+        with _SHARED_LOCK:  # held while loading: two callers of one new model load it once
+            engine = _SHARED.pop(key, None)
+            if engine is None:
+                engine = cls._from_resolved(
+                    name_or_path, path, backend=chosen, device=device, dtype=dtype, scorer=scorer
+                )
+            _SHARED[key] = engine
+            while len(_SHARED) > SHARED_ENGINES:
+                del _SHARED[next(iter(_SHARED))]
+        return engine
+
+    @classmethod
+    def _from_resolved(
+        cls,
+        name: str | os.PathLike[str] | None,
+        path: str,
+        *,
+        backend: str,
+        device: str | None,
+        dtype: str | None,
+        scorer: str,
+        **options: Any,
+    ) -> Engine:
+        """Load the resolved model ``path`` on ``backend`` (what :meth:`load` and :meth:`shared` share)."""
+        from pcd_engine.models import DEFAULT_MODEL
+
+        if backend == "mlx":
             from pcd_engine.backends.mlx import MLXBackend
 
             engine = cls(MLXBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
@@ -130,7 +203,7 @@ class Engine:
             from pcd_engine.backends.torch import TorchBackend
 
             engine = cls(TorchBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
-        engine.model_id = DEFAULT_MODEL if name_or_path is None else str(name_or_path)
+        engine.model_id = DEFAULT_MODEL if name is None else str(name)
         return engine
 
     # ------------------------------------------------------------------------------------------ public

@@ -1,9 +1,9 @@
-"""What the adapters share: one engine per (model, backend) in a process, and how their settings are read."""
+"""What the adapters share: one engine per loaded model in a process (:meth:`Engine.shared`), and how their
+settings are read."""
 
 from __future__ import annotations
 
 import difflib
-import functools
 import os
 import warnings
 from collections.abc import Collection, Mapping
@@ -12,10 +12,10 @@ from typing import Any, Literal
 from pcd_engine import Engine, ExtractOptions, OptionError, RequestLimits
 
 
-@functools.lru_cache(maxsize=4)
 def shared_engine(model: str | None, backend: str) -> Engine:
-    """Load an engine once per process: adapters are cheap to build, models are not."""
-    return Engine.load(model, backend=backend)
+    """The process's engine for ``model`` on ``backend`` (:meth:`Engine.shared`, keyed by what it loads): adapters
+    are cheap to build, models are not."""
+    return Engine.shared(model, backend=backend)
 
 
 def read_settings(

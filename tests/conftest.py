@@ -43,7 +43,7 @@ def smol_tokenizer(smol_path: Path) -> Any:
 def default_engine(smol_path: Path) -> Any:
     from pcd_engine import Engine
 
-    return Engine.load()
+    return Engine.shared()  # the one engine ChatPCD(), PCDLLM() and the extractors get in this process
 
 
 @pytest.fixture(scope="session")
@@ -95,7 +95,7 @@ def tiny_folder_engine(tiny_folder: str) -> Any:
     """An engine on :func:`tiny_folder`, loaded as ``Engine.load`` loads it elsewhere."""
     from pcd_engine import Engine
 
-    return Engine.load(tiny_folder, backend="torch")
+    return Engine.shared(tiny_folder, backend="torch")
 
 
 @pytest.fixture
@@ -127,3 +127,31 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Any:
     yield asked
     server.shutdown()
     server.server_close()
+
+
+LONGEST_FIRST = [
+    "tests/test_cookbook.py",
+    "tests/test_ray.py",
+    "tests/test_batch.py",
+    "tests/test_tag.py",
+    "tests/test_packaging.py",
+    "tests/test_langchain.py",
+    "tests/test_openai_clients.py",
+    "tests/test_openai_server.py",
+]
+"""The files that take longest (measured in ``.cache/junit.xml``), handed to the workers first so that no long file
+starts last and runs alone at the end."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` every test without an ``xdist_group`` of its own runs in its file's group, so that
+    a file's module-scoped fixtures are made once (as ``--dist loadfile`` does); a test marked with a group of its
+    own (a notebook) may run beside the rest of its file. Under workers, the longest files go first."""
+    if not getattr(config.option, "dist", "no") or config.option.dist == "no":
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))

@@ -22,7 +22,7 @@ from pcd_engine.models import ALIASES, DEFAULT_MODEL
 from pcd_engine.tools.cli import build_parser, main
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import shift_tree_positions
-from tests.support import cache_in_hub, mlx_available, save_tiny, tiny_model
+from tests.support import cache_in_hub, mlx_available
 
 TICKET_SCHEMA = {
     "title": "Ticket",
@@ -35,10 +35,10 @@ TICKET_SCHEMA = {
 TEXT = "I was charged twice for my order. Please refund the second charge."
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory, smol_tokenizer) -> str:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    return str(save_tiny(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer, folder))
+@pytest.fixture
+def tiny(tiny_folder) -> str:
+    """The session's tiny random Llama folder (:func:`tests.conftest.tiny_folder`)."""
+    return tiny_folder
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

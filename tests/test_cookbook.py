@@ -23,8 +23,11 @@ def test_committed_notebook_is_built_from_its_source_with_outputs(name):
     assert sum(bool(c.outputs) for c in code) >= len(code) - 1
 
 
-@pytest.mark.parametrize("name", sorted(NOTEBOOKS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(name, marks=pytest.mark.xdist_group(f"notebook-{name}")) for name in sorted(NOTEBOOKS)]
+)
 def test_notebook_runs_top_to_bottom(name):
+    """Each notebook is its own group under the test workers: its kernel needs nothing of the others."""
     nb = execute(nbformat.read(HERE / name, as_version=4))
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert all(o.output_type != "error" for c in code for o in c.outputs)

@@ -261,6 +261,35 @@ def test_create_agent_router(llm, strategy):
     )
 
 
+@pytest.mark.real_model
+def test_every_name_of_the_default_model_shares_one_engine(default_engine, monkeypatch):
+    """Issue 36: ``ChatPCD()``, ``ChatPCD(model="smollm2-135m")``, ``PCDLLM()`` and the tests' own fixture hold one
+    engine per process: the registry keys engines by what they load, not by the name given, so no name loads the
+    model a second time."""
+    from pcd_engine.backends.torch import TorchBackend
+    from pcd_engine.models import default_model_path
+    from pcd_integrations.llamaindex import PCDLLM
+
+    loads: list[str] = []
+    load = TorchBackend.load
+
+    def counting(path, **kwargs):
+        loads.append(path)
+        return load(path, **kwargs)
+
+    monkeypatch.setattr(TorchBackend, "load", counting)
+    engines = [
+        ChatPCD().get_engine(),
+        ChatPCD(model="smollm2-135m").get_engine(),
+        ChatPCD(model="smollm2-135m", backend="torch").get_engine(),
+        ChatPCD(model=str(default_model_path())).get_engine(),
+        PCDLLM().get_engine(),
+        PCDLLM(model="smollm2-135m").get_engine(),
+    ]
+    assert loads == []
+    assert all(engine is default_engine for engine in engines)
+
+
 def test_bind_tools_takes_every_choice_and_loads_nothing():
     """Issue 17: binding tools without a forced choice is a decision now (it used to be refused)."""
     llm = ChatPCD()

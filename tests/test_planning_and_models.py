@@ -180,3 +180,33 @@ def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
     assert cache_dir() == tmp_path
     monkeypatch.delenv("PCD_CACHE_DIR")
     assert cache_dir().name == "pcd"
+
+
+def test_shared_engines_are_keyed_by_what_they_load(tiny_folder, tmp_path, monkeypatch):
+    """``Engine.shared`` loads a model once per process under any name for it (a trailing slash, a symbolic link),
+    and once more for another precision; ``Engine.load`` always loads."""
+    from pcd_engine import engine as engine_module
+
+    monkeypatch.setattr(engine_module, "_SHARED", {})
+    loads: list[tuple[str, str | None]] = []
+    load = TorchBackend.load
+
+    def counting(path, **kwargs):
+        loads.append((path, kwargs.get("dtype")))
+        return load(path, **kwargs)
+
+    monkeypatch.setattr(TorchBackend, "load", counting)
+    (tmp_path / "link").symlink_to(tiny_folder)
+    first = Engine.shared(tiny_folder, backend="torch")
+    assert Engine.shared(tiny_folder + "/", backend="torch") is first
+    assert Engine.shared(str(tmp_path / "link"), backend="torch") is first
+    assert len(loads) == 1
+    half = Engine.shared(tiny_folder, backend="torch", dtype="bfloat16")
+    assert half is not first and loads[-1][1] == "bfloat16" and len(loads) == 2
+    assert Engine.load(tiny_folder, backend="torch") is not first and len(loads) == 3
+    monkeypatch.setattr(engine_module, "SHARED_ENGINES", 2)
+    assert Engine.shared(tiny_folder, backend="torch") is first  # now the most recently used
+    Engine.shared(tiny_folder, backend="torch", dtype="float32")  # past the bound: bfloat16 is dropped
+    assert len(loads) == 4 and len(engine_module._SHARED) == 2
+    assert Engine.shared(tiny_folder, backend="torch") is first and len(loads) == 4
+    assert Engine.shared(tiny_folder, backend="torch", dtype="bfloat16") is not half and len(loads) == 5
