@@ -156,10 +156,15 @@ def test_extractor_batches_engine_calls(default_engine, calls):
     assert calls == [3, 3, 1]  # ceil(7 / 3) engine calls
     assert len(tags) == 7
     json.dumps(tags)  # JSON-safe: enum values, not Enum members
-    for node, tag in zip(nodes, tags):
+    # The adapter adds nothing to the engine: its probabilities are the engine's batches of 3, exactly, and its
+    # decisions are the one-at-a-time ones (batched and single probabilities agree to the batch contract's 1e-4 only:
+    # a padded batch runs other matrix shapes, whose float32 sums differ in the last bits with one BLAS thread).
+    batched = [r for i in range(0, 7, 3) for r in default_engine.extract_many([n.text for n in nodes[i : i + 3]], Tags)]
+    for node, tag, same in zip(nodes, tags, batched):
         expected = default_engine.extract(node.text, Tags)
-        assert type(tag["topic"]) is str and tag["topic"] == expected.values["topic"]
-        assert tag["pcd_probability_topic"] == pytest.approx(expected.fields["topic"].probability)
+        assert type(tag["topic"]) is str and tag["topic"] == expected.values["topic"] == same.values["topic"]
+        assert tag["pcd_probability_topic"] == same.fields["topic"].probability
+        assert tag["pcd_probability_topic"] == pytest.approx(expected.fields["topic"].probability, abs=1e-4)
 
 
 def test_ingestion_pipeline_and_filtered_retrieval(default_engine, calls):
