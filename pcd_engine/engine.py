@@ -38,6 +38,7 @@ from pcd_engine.checks import check_text
 from pcd_engine.collector import Collector
 from pcd_engine.errors import OptionError
 from pcd_engine.generation import Grammars
+from pcd_engine.lru import LRU
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
 from pcd_engine.prompt import ChatPrompt, TokenizerView
 from pcd_engine.request import Request, prefill
@@ -49,8 +50,8 @@ __all__ = ["SHARED_ENGINES", "Engine", "EngineOptions"]
 
 SHARED_ENGINES = 4
 """How many engines :meth:`Engine.shared` keeps loaded in a process."""
-_SHARED: dict[tuple[str, str, str | None, str | None, str], Engine] = {}
-_SHARED_LOCK = threading.Lock()
+_SHARED: LRU[tuple[str, str, str | None, str | None, str], Engine] = LRU(SHARED_ENGINES)
+_SHARED_LOCK = threading.Lock()  # around the LRU too: it builds outside its own lock, and a model must load once
 
 
 class Engine:
@@ -169,15 +170,13 @@ class Engine:
         chosen = select_backend(backend)
         path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
         key = (os.path.realpath(path) if os.path.exists(path) else path, chosen, device, dtype, scorer)
-        with _SHARED_LOCK:  # held while loading: two callers of one new model load it once
-            engine = _SHARED.pop(key, None)
+        with _SHARED_LOCK:
+            engine = _SHARED.get(key)
             if engine is None:
                 engine = cls._from_resolved(
                     name_or_path, path, backend=chosen, device=device, dtype=dtype, scorer=scorer
                 )
-            _SHARED[key] = engine
-            while len(_SHARED) > SHARED_ENGINES:
-                del _SHARED[next(iter(_SHARED))]
+                _SHARED.put(key, engine)
         return engine
 
     @classmethod

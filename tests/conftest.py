@@ -148,7 +148,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Under ``--dist loadgroup`` every test without an ``xdist_group`` of its own runs in its file's group, so that
     a file's module-scoped fixtures are made once (as ``--dist loadfile`` does); a test marked with a group of its
     own (a notebook) may run beside the rest of its file. Under workers, the longest files go first."""
-    if not getattr(config.option, "dist", "no") or config.option.dist == "no":
+    if getattr(config.option, "dist", "no") == "no":
         return
     for item in items:
         if item.get_closest_marker("xdist_group") is None:

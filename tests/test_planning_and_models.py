@@ -8,6 +8,7 @@ from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, compile_
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.compiler import compile_wave
 from pcd_engine.errors import OptionError
+from pcd_engine.lru import LRU
 from pcd_engine.models import ALIASES, hub_offline, in_hub_cache, resolve_model
 from pcd_engine.planner import plan_passes, plan_waves
 from pcd_engine.prompt import ChatPrompt, TokenizerView
@@ -187,7 +188,7 @@ def test_shared_engines_are_keyed_by_what_they_load(tiny_folder, tmp_path, monke
     and once more for another precision; ``Engine.load`` always loads."""
     from pcd_engine import engine as engine_module
 
-    monkeypatch.setattr(engine_module, "_SHARED", {})
+    monkeypatch.setattr(engine_module, "_SHARED", LRU(engine_module.SHARED_ENGINES))
     loads: list[tuple[str, str | None]] = []
     load = TorchBackend.load
 
@@ -204,7 +205,7 @@ def test_shared_engines_are_keyed_by_what_they_load(tiny_folder, tmp_path, monke
     half = Engine.shared(tiny_folder, backend="torch", dtype="bfloat16")
     assert half is not first and loads[-1][1] == "bfloat16" and len(loads) == 2
     assert Engine.load(tiny_folder, backend="torch") is not first and len(loads) == 3
-    monkeypatch.setattr(engine_module, "SHARED_ENGINES", 2)
+    engine_module._SHARED.capacity = 2  # the 2 most recently used of the 3 stay: float32, then bfloat16
     assert Engine.shared(tiny_folder, backend="torch") is first  # now the most recently used
     Engine.shared(tiny_folder, backend="torch", dtype="float32")  # past the bound: bfloat16 is dropped
     assert len(loads) == 4 and len(engine_module._SHARED) == 2
