@@ -40,6 +40,7 @@ def own_cache(tmp_path, monkeypatch) -> Path:
     return tmp_path / "cache"
 
 
+@pytest.mark.slow  # converts the real model's two blocks and its 49k-token embedding
 def test_a_gguf_file_loads_as_the_same_weights_from_the_folder(tiny_gguf, own_cache, smol_path, monkeypatch):
     engine = Engine.load(str(tiny_gguf), backend="torch")
     folder = Path(resolve_model(str(tiny_gguf)))
@@ -63,6 +64,7 @@ def test_a_gguf_file_loads_as_the_same_weights_from_the_folder(tiny_gguf, own_ca
         assert on_mlx.values == got.values
 
 
+@pytest.mark.slow  # converts the real model's two blocks and its 49k-token embedding
 def test_a_gguf_converts_to_bfloat16_in_a_folder_of_its_own(tiny_gguf, own_cache):
     """``dtype="bfloat16"`` halves the converted folder: its own folder, bf16 tensors, the fp32 model's values
     rounded to bf16 (the same decisions on the probe)."""
@@ -82,6 +84,7 @@ def test_a_gguf_converts_to_bfloat16_in_a_folder_of_its_own(tiny_gguf, own_cache
         gguf_model_path(tiny_gguf, dtype="int4")
 
 
+@pytest.mark.slow  # converts the real model's two blocks and its 49k-token embedding
 def test_two_processes_loading_one_gguf_convert_it_once(tiny_gguf, own_cache):
     script = (
         "import sys\n"
