@@ -546,14 +546,12 @@ def torch_cache_tensors(cache: Any) -> list[np.ndarray]:
     return out
 
 
-def torch_brute_force(model, context: list[int], paths: list[list[int]], *, batch: int = 1) -> list[np.ndarray]:
+def torch_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
     """log p of each path token given everything before it, scoring each path alone.
 
     The model runs the way transformers runs it by itself: its own masks, its own cache classes (sliding
     windows included), its default positions. The prompt is run once and each path continues that cache, which is
-    a full forward pass per path without repeating the shared prompt's work. With ``batch`` > 1 (full-attention
-    caches only), paths of one length run ``batch`` at a time as the rows of one plain batch over copies of the
-    prompt's cache: each row is still its own sequence, with no padding and no mask, only fewer passes.
+    a full forward pass per path without repeating the shared prompt's work.
     """
     import torch
     from transformers import DynamicCache
@@ -563,34 +561,20 @@ def torch_brute_force(model, context: list[int], paths: list[list[int]], *, batc
     with torch.no_grad():
         first = model(input_ids=torch.tensor([context]), cache=cache, use_cache=True, logits_to_keep=1)
     root = torch.log_softmax(first.logits[0, -1].double(), dim=-1)
+    out = []
     # Full-attention layers are put back by cropping the path off again (the same tensors as a fresh copy, without
     # copying the whole prompt's cache per path); sliding and recurrent layers cannot be, so they are copied.
     croppable = all(type(layer) is DynamicLayer for layer in cache.layers)
-    rows = min(batch, len(paths)) if croppable else 1
-    if rows > 1:
-        cache.batch_repeat_interleave(rows)
-    logps: dict[int, torch.Tensor] = {}
-    by_length: dict[int, list[int]] = {}
-    for i, path in enumerate(paths):
-        if len(path) > 1:
-            by_length.setdefault(len(path), []).append(i)
-    for length, members in by_length.items():
-        for start in range(0, len(members), rows):
-            chunk = members[start : start + rows]
-            ids = [paths[i][:-1] for i in chunk]
-            ids += [ids[0]] * (rows - len(chunk))  # filler rows, read by no one
-            run_on = cache if croppable else copy.deepcopy(cache)
-            with torch.no_grad():
-                logits = model(input_ids=torch.tensor(ids), cache=run_on, use_cache=True).logits.double()
-            if croppable:
-                cache.crop(-(length - 1))
-            for row, i in enumerate(chunk):
-                logps[i] = torch.log_softmax(logits[row], dim=-1)
-    out = []
-    for i, path in enumerate(paths):
+    for path in paths:
         scores = [float(root[path[0]])]
         if len(path) > 1:
-            scores += [float(logps[i][j, t]) for j, t in enumerate(path[1:])]
+            run_on = cache if croppable else copy.deepcopy(cache)
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([path[:-1]]), cache=run_on, use_cache=True).logits[0].double()
+            if croppable:
+                cache.crop(-(len(path) - 1))
+            logp = torch.log_softmax(logits, dim=-1)
+            scores += [float(logp[i, t]) for i, t in enumerate(path[1:])]
         out.append(np.array(scores))
     return out
 
