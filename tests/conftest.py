@@ -129,12 +129,17 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Any:
     server.server_close()
 
 
-SHARED_GROUPS = {"tests/test_batch.py": "smollm2-bbc", "tests/test_ray.py": "smollm2-bbc"}
-"""Files that run in one worker because they compare with the same session memo: both check the batched BBC News
-leads against :func:`smol_alone`'s one-at-a-time extractions, which one worker then computes once."""
+SHARED_GROUPS = {
+    "tests/test_batch.py": "smollm2-alone",
+    "tests/test_ray.py": "smollm2-alone",
+    "tests/test_backend_agreement.py": "smollm2-alone",
+}
+"""Files that run in one worker because they compare with the same session memo, :func:`smol_alone`'s
+one-at-a-time extractions on the embedded model, which one worker then computes once: test_batch and test_ray check
+the batched BBC News leads against it, test_batch and test_backend_agreement the example presets."""
 
 LONGEST_FIRST = [
-    "smollm2-bbc",
+    "smollm2-alone",
     "tests/test_real_model.py",
     "notebook-04_trust_the_answer.ipynb",
     "tests/test_conformance_mlx.py",
@@ -143,7 +148,6 @@ LONGEST_FIRST = [
     "notebook-05_speed.ipynb",
     "tests/test_conformance_torch.py",
     "tests/test_staging.py",
-    "tests/test_backend_agreement.py",
     "tests/test_gguf.py",
     "tests/test_packaging.py",
     "tests/test_tag.py",
