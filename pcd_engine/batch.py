@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, TypeVar
 import numpy as np
 
 from pcd_engine.checks import check_text
+from pcd_engine.correction import MIN_BATCH, batch_priors, field_rows
+from pcd_engine.decoding import Decision
 from pcd_engine.generation import OpenRows
 from pcd_engine.options import ExtractOptions
 from pcd_engine.request import Request, WavePlan
@@ -37,6 +39,7 @@ from pcd_engine.schema import Schema
 from pcd_engine.tree import TreeBatch
 
 if TYPE_CHECKING:
+    from pcd_engine.calibration import FieldPrior
     from pcd_engine.engine import Engine
 
 __all__ = ["Batch", "Document", "Member", "fits", "groups", "row_groups", "run_batch"]
@@ -124,10 +127,46 @@ class Batch:
                         passes = self.requests[key].next_stage(plans[key], logprobs[key])
                         if passes:
                             stage[key] = passes
+        decided: dict[int, list[Decision]] = {}
         for key, plan in plans.items():
             if key in self.requests:
                 with self.step(key, self.requests[key]):
-                    self.requests[key].finish_wave(plan, logprobs.get(key))
+                    decided[key] = self.requests[key].decide(plan, logprobs.get(key))
+        leans = self.leans(plans, decided)
+        for key, decisions in decided.items():
+            if key in self.requests:
+                with self.step(key, self.requests[key]):
+                    self.requests[key].record_wave(index, plans[key].asked, decisions, leans=leans.get(key))
+
+    def leans(self, plans: dict[int, WavePlan], decided: dict[int, list[Decision]]) -> dict[int, dict[str, FieldPrior]]:
+        """Under the ``"batch"`` (or ``"auto"``) correction, each request's leans for this wave: estimated on every
+        live request that reads the same wave of the same schema in the same way
+        (:func:`~pcd_engine.correction.batch_priors`), when there are at least
+        :data:`~pcd_engine.correction.MIN_BATCH` of them."""
+        together: dict[tuple[object, ...], list[int]] = {}
+        for key in decided:
+            request = self.requests.get(key)
+            if request is not None and request.correction in ("batch", "auto"):
+                call = request.call
+                same = (request.schema.fingerprint, call.prompt_format.key, call.temperature, call.strategy,
+                        call.anchor, plans[key].index)  # fmt: skip
+                together.setdefault(same, []).append(key)
+        out: dict[int, dict[str, FieldPrior]] = {}
+        for keys in together.values():
+            first = self.requests[keys[0]]
+            for key in keys:
+                self.requests[key].batch_documents = len(keys)
+            if len(keys) < MIN_BATCH:
+                continue
+            rows: dict[str, list[list[float]]] = {}
+            specs = {spec.name: spec for spec, _ in plans[keys[0]].asked}
+            for key in keys:
+                for name, decisions in Request.by_field(plans[key].asked, decided[key]).items():
+                    rows.setdefault(name, []).append(field_rows(specs[name], decisions))
+            if rows:
+                priors = batch_priors(first.schema, first.engine.model_id, rows)
+                out.update(dict.fromkeys(keys, priors))
+        return out
 
     def stage(self, stage: dict[int, list[TreeBatch]], logprobs: dict[int, np.ndarray], index: int) -> None:
         """Run one stage of passes, ``stage[key]`` for each request, into ``logprobs[key]``: requests with one

@@ -1,10 +1,11 @@
 """What the engine compiles once and shares between calls: schema heads (with their prefilled KV), compiled
-waves, pass plans and open-row plans, each a bounded :class:`~pcd_engine.lru.LRU`."""
+waves, pass plans, open-row plans and content-free leans, each a bounded :class:`~pcd_engine.lru.LRU`."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from pcd_engine.alignment import tail_tokens
 from pcd_engine.backends.base import Prefix
@@ -34,8 +35,8 @@ class Head:
 
 
 class CompileCache:
-    """The engine's compile-once state: schema heads (with their prefilled KV), compiled waves, pass plans and
-    open-row plans, each in an :class:`LRU`.
+    """The engine's compile-once state: schema heads (with their prefilled KV), compiled waves, pass plans,
+    open-row plans and content-free leans (:mod:`pcd_engine.correction`), each in an :class:`LRU`.
 
     Args:
         tokenizer: The model's tokenizer view.
@@ -50,6 +51,7 @@ class CompileCache:
         self.pass_plans: LRU[tuple[int, int, frozenset[int] | None], tuple[CompiledWave, list[TreeBatch]]] = LRU(
             64 * heads
         )
+        self.leans: LRU[tuple[Any, ...], Any] = LRU(heads)
 
     @staticmethod
     def head_key(schema: Schema, fmt: PromptFormat) -> str:

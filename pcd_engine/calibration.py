@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -305,7 +305,8 @@ class Calibrator:
             schema: The schema (anything :func:`~pcd_engine.schema.compile_schema` takes).
             method: One of :data:`CALIBRATION_METHODS`.
             options: :class:`~pcd_engine.options.ExtractOptions` or a mapping for the extraction (the prompt
-                options must be those the calibrator will be used with; a ``calibration`` there is refused).
+                options must be those the calibrator will be used with; a ``calibration`` there is refused, and a
+                ``correction`` is ignored: the fit reads the model's own distributions).
             batch_size: Documents per pass (``None``: the engine's choice).
             progress: Called with a short description before each chunk of :data:`FIT_CHUNK` documents.
             examples: A few labelled documents, ``(text, {field: value})``, to refine the fit: their texts join
@@ -327,7 +328,8 @@ class Calibrator:
         call = ExtractOptions.parse(options)
         if call.calibration is not None:
             raise OptionError("Calibration: expected options without a calibration to fit a new one on.")
-        call = call.read_whole()  # every label's probability, as the calibrated calls will read them
+        # every label's probability, as the calibrated calls will read them, and the model's own (no correction)
+        call = replace(call, correction="none").read_whole()
         compiled = compile_schema(schema)
         closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
         priors = _example_priors(closed, examples)

@@ -36,6 +36,7 @@ from pcd_engine.budget import PassBudget
 from pcd_engine.cache import CompileCache, Head
 from pcd_engine.checks import check_text
 from pcd_engine.collector import Collector
+from pcd_engine.correction import CORRECTION_WINDOW
 from pcd_engine.errors import OptionError
 from pcd_engine.generation import Grammars
 from pcd_engine.lru import LRU
@@ -308,7 +309,12 @@ class Engine:
         documents = [Document(t, compiled, call, cancelled, f"texts[{i}]") for i, t in enumerate(texts)]
         out: list[Any] = []
         window = 4 * size
-        for first in range(0, len(documents), window):
+        if call.correction in ("batch", "auto") and call.calibration is None:
+            # Each window is one batch for the lean: as large as allowed, and cut evenly (65 documents are two
+            # batches of 33 and 32, not 64 and 1).
+            widest = max(window, CORRECTION_WINDOW)
+            window = -(-len(documents) // max(1, -(-len(documents) // widest)))
+        for first in range(0, len(documents), max(1, window)):
             done = run_batch(self, documents[first : first + window], max_documents=size,
                              started=started if first == 0 else None)  # fmt: skip
             if not return_exceptions:
@@ -369,7 +375,7 @@ class Engine:
         given = ExtractOptions.parse(options)
         single = ExtractOptions.parse(knobs, where="extract")
         merged = single.over(given.over(self.options.defaults()))
-        return merged.read_whole() if merged.calibration is not None else merged
+        return merged.read_whole() if merged.corrects else merged
 
     # ------------------------------------------------------------------------------------------ heads
 

@@ -21,6 +21,7 @@ from pcd_engine.errors import InputError, OptionError
 from pcd_engine.limits import RequestLimits
 
 __all__ = [
+    "CORRECTIONS",
     "STAGINGS",
     "STRATEGIES",
     "STRATEGY_ALIASES",
@@ -33,6 +34,8 @@ __all__ = [
 STRATEGIES = ("marginal", "exact", "trie_walk")
 # How a wave's tree is read (see pcd_engine.staging): the cost model's choice, always whole, or always staged.
 STAGINGS = ("auto", "one_pass", "staged")
+# How a call corrects the model's label lean without a fitted calibration (see pcd_engine.correction).
+CORRECTIONS = ("none", "batch", "content_free", "auto")
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
 # labels, the trie walk above); "first_token" was the marginal of the first token where labels differ; "trie" and
 # "greedy" walked the trie greedily. "hybrid" has no counterpart and is refused with the nearest real name.
@@ -103,6 +106,13 @@ class ExtractOptions:
             Optional field answers ``None`` instead of its best label (whose probability stays in
             ``alternatives``). A non-Optional field keeps its best label, flagged. Later waves were decided
             with the best label written, as without the option.
+        correction: How the model's label lean is divided out when no ``calibration`` is given (one of
+            :data:`CORRECTIONS`; see :mod:`pcd_engine.correction`): ``"batch"`` estimates it on the documents
+            decided together (``extract_many``, a collected batch), ``"content_free"`` on content-free inputs read
+            once per schema, ``"auto"`` is ``"batch"`` where at least
+            :data:`~pcd_engine.correction.MIN_BATCH` documents are decided together and ``"content_free"``
+            elsewhere, ``"none"`` keeps the model's own distributions. A ``calibration`` wins over it.
+            Corrected fields are read whole, like calibrated ones.
 
     Raises:
         OptionError: On construction, if a value has the wrong type or is out of range.
@@ -122,6 +132,7 @@ class ExtractOptions:
     limits: RequestLimits | None = None
     calibration: Any = None
     min_probability: float | None = None
+    correction: str | None = None
 
     def __post_init__(self) -> None:
         if self.strategy is not None:
@@ -133,6 +144,8 @@ class ExtractOptions:
             raise OptionError(f"temperature: expected a finite number, but got {t!r}.")
         if self.staging is not None and self.staging not in STAGINGS:
             raise OptionError(f"staging: expected one of {list(STAGINGS)}, but got {self.staging!r}.")
+        if self.correction is not None and self.correction not in CORRECTIONS:
+            raise OptionError(f"correction: expected one of {list(CORRECTIONS)}, but got {self.correction!r}.")
         for name in ("anchor", "list_choices", "quoted_booleans"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -170,10 +183,16 @@ class ExtractOptions:
                     f"calibration: expected a Calibrator (or its JSON), but got {type(self.calibration).__name__}."
                 )
 
+    @property
+    def corrects(self) -> bool:
+        """Whether the call divides a lean out of its distributions: a calibration, or a correction other than
+        ``"none"``."""
+        return self.calibration is not None or self.correction not in (None, "none")
+
     def read_whole(self) -> ExtractOptions:
         """These options with every closed field read whole (``staging="one_pass"``, the trie walk as
-        ``"exact"``), so that each label has its full probability: how a calibrated call runs, and how a
-        calibration is fitted."""
+        ``"exact"``), so that each label has its full probability: how a calibrated or corrected call runs, and
+        how a calibration is fitted."""
         strategy = "exact" if self.strategy in (None, "trie_walk") else self.strategy
         return replace(self, staging="one_pass", strategy=strategy)
 
@@ -264,6 +283,7 @@ class EngineOptions:
             ``None`` lets the engine choose (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU or Metal; 1 where the
             backend does not batch documents).
             The memory budget and the documents' lengths may split a batch further.
+        correction: The default correction of the model's label lean (see :class:`ExtractOptions`).
     """
 
     anchor: bool = True
@@ -282,9 +302,12 @@ class EngineOptions:
     pass_cost: tuple[float, float] | None = None
     prompt: PromptFormat = field(default_factory=PromptFormat)
     batch_size: int | None = None
+    correction: str = "none"
 
     def __post_init__(self) -> None:
         check_batch_size(self.batch_size)
+        if self.correction not in CORRECTIONS:
+            raise OptionError(f"correction: expected one of {list(CORRECTIONS)}, but got {self.correction!r}.")
         if self.max_tokens < 1:
             raise OptionError(f"max_tokens: expected an integer >= 1, but got {self.max_tokens}.")
         if self.head_cache_size < 1:
@@ -322,6 +345,7 @@ class EngineOptions:
             quoted_booleans=self.prompt.quoted_booleans,
             chat_template_kwargs=self.prompt.chat_template_kwargs,
             limits=self.limits,
+            correction=self.correction,
         )
 
 

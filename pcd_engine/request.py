@@ -11,7 +11,7 @@ is not cached), :meth:`Request.decide_wave` per wave, :meth:`Request.generate` f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -23,6 +23,7 @@ from pcd_engine.budget import PassBudget
 from pcd_engine.cache import Head
 from pcd_engine.checks import check_budget, check_sizes, check_window
 from pcd_engine.compiler import CompiledWave, questions, written_value
+from pcd_engine.correction import MIN_BATCH, content_free
 from pcd_engine.decoding import Decision, Fixed, Strategy, choose_strategy
 from pcd_engine.errors import LimitError, PromptAlignmentError
 from pcd_engine.generation import OpenRows
@@ -44,6 +45,7 @@ from pcd_engine.staging import PassCost, WaveSearch, plan_reading
 from pcd_engine.tree import TreeBatch
 
 if TYPE_CHECKING:
+    from pcd_engine.calibration import Calibrator, FieldPrior
     from pcd_engine.engine import Engine
 
 __all__ = ["PHASES", "Request", "WavePlan", "prefill"]
@@ -111,6 +113,11 @@ class Request:
         phases: Milliseconds per phase.
         results: Each decided field's result, by name.
         warnings: What the caller should know, in order.
+        correction: The lean correction asked for: ``"calibration"`` (the call's :class:`Calibrator`),
+            ``"content_free"``, ``"batch"`` or ``"auto"`` (see :mod:`pcd_engine.correction`), or ``None``.
+        priors: The calibrator the fields are corrected with (the call's, or the content-free one); ``None`` for
+            a batch correction, whose leans come with each wave.
+        batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
     """
 
     engine: Engine
@@ -139,6 +146,9 @@ class Request:
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     results: dict[str, FieldResult] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    correction: str | None = None
+    priors: Calibrator | None = None
+    batch_documents: int = 1
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -211,6 +221,12 @@ class Request:
             prefill_passes=prefill_passes,
         )
         request.phases.update(tokenize=tokenize_ms, prefill=prefill_ms)
+        if call.calibration is not None:
+            request.correction, request.priors = "calibration", call.calibration
+        elif call.correction in ("content_free", "auto"):  # "auto" in a large enough batch: the batch's lean
+            request.correction, request.priors = call.correction, content_free(engine, schema, call)
+        elif call.correction == "batch":
+            request.correction = "batch"
         return request
 
     def decide_wave(self, index: int) -> None:
@@ -262,37 +278,73 @@ class Request:
     def finish_wave(self, plan: WavePlan, logprobs: np.ndarray | None) -> None:
         """Decide a planned wave from its tree's log-probabilities (``None`` when nothing was asked; ``NaN`` for
         nodes no stage read), record each field's result, and write the answers later waves read into the tail."""
-        decisions: list[Decision] = []
-        if plan.compiled is not None and plan.search is not None and logprobs is not None:
-            self.nodes_saved += len(plan.compiled.tree.packed) - (self.nodes_scored - plan.nodes_before)
-            with self.timed("decode"):
-                decisions = plan.search.decide(logprobs, temperature=float(self.call.temperature or 1.0))
-        self.record_wave(plan.index, plan.asked, decisions)
+        self.record_wave(plan.index, plan.asked, self.decide(plan, logprobs))
 
-    def record_wave(
-        self, index: int, asked: Sequence[tuple[FieldSpec, FieldSpec]], decisions: Sequence[Decision]
-    ) -> None:
-        """Record wave ``index``'s results from one decision per asked question (fields with one label need none),
-        and write the answers later waves read into the tail."""
-        wave = self.waves[index]
+    def decide(self, plan: WavePlan, logprobs: np.ndarray | None) -> list[Decision]:
+        """The decisions of a planned wave, one per asked question, from its tree's log-probabilities (the first
+        step of :meth:`finish_wave`; a batch estimates its leans from every request's decisions in between)."""
+        if plan.compiled is None or plan.search is None or logprobs is None:
+            return []
+        self.nodes_saved += len(plan.compiled.tree.packed) - (self.nodes_scored - plan.nodes_before)
+        with self.timed("decode"):
+            return plan.search.decide(logprobs, temperature=float(self.call.temperature or 1.0))
+
+    @staticmethod
+    def by_field(
+        asked: Sequence[tuple[FieldSpec, FieldSpec]], decisions: Sequence[Decision]
+    ) -> dict[str, list[Decision]]:
+        """The decisions of a wave grouped by field (a multi-label field has one per label), in wave order."""
         decided: dict[str, list[Decision]] = {}
         for (spec, _q), decision in zip(asked, decisions, strict=True):
             decided.setdefault(spec.name, []).append(decision)
+        return decided
+
+    def record_wave(
+        self,
+        index: int,
+        asked: Sequence[tuple[FieldSpec, FieldSpec]],
+        decisions: Sequence[Decision],
+        *,
+        leans: Mapping[str, FieldPrior] | None = None,
+    ) -> None:
+        """Record wave ``index``'s results from one decision per asked question (fields with one label need none),
+        and write the answers later waves read into the tail.
+
+        Args:
+            index: The wave.
+            asked: Its questions, each with its field.
+            decisions: One decision per question.
+            leans: Under a batch correction, the leans the batch estimated for this wave's fields (``None``:
+                the batch was too small, or the request has no batch correction).
+        """
+        wave = self.waves[index]
+        decided = self.by_field(asked, decisions)
         options = self.engine.options
-        calibration = self.call.calibration
+        if self.correction == "batch" and leans is None and decided and self.batch_documents < MIN_BATCH:
+            note = (
+                f"Correction 'batch': expected at least {MIN_BATCH} documents decided together to estimate the "
+                f"model's lean, but this batch had {self.batch_documents}; the answers are the model's own."
+            )
+            if note not in self.warnings:
+                self.warnings.append(note)
         for spec in wave:
-            prior = None if calibration is None else calibration.field(spec.name)
+            how: str | None = "batch"
+            if leans is not None:
+                prior = leans.get(spec.name)
+            else:
+                prior = None if self.priors is None else self.priors.field(spec.name)
+                how = "content_free" if self.correction == "auto" else self.correction
             if spec.kind == "multi":
                 self.results[spec.name] = multi_result(
                     spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning, prior=prior,
+                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how,
                 )  # fmt: skip
             else:
                 fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
                 decision = decided[spec.name][0] if spec.name in decided else fixed
                 self.results[spec.name] = scored_result(
                     spec, decision, index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning, prior=prior,
+                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how,
                 )  # fmt: skip
         # Later waves read the anchor and the answers they depend on; writing every answer would only add prompt
         # tokens to process (a 28-field schema writes ~9 tokens per field).

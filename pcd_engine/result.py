@@ -81,6 +81,11 @@ class FieldResult:
         abstained: True when the call's ``min_probability`` was above ``probability``: an Optional field's
             ``value`` is then ``None`` (``alternatives`` keep the labels the model preferred), any other field
             keeps its best label, flagged.
+        correction: Which lean correction decided the field: ``"calibration"`` (the call's fitted
+            calibrator), ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.correction`); ``None`` when the
+            model's own distribution decided it. With one, ``raw_probability`` is the model's own figure.
+        lean: With a correction, the lean divided out: the prior ``b`` over the labels in label order (for a
+            multi-label field, each label's prior of "yes"); ``None`` otherwise.
     """
 
     name: str
@@ -99,6 +104,8 @@ class FieldResult:
     raw_probability: float | None = None
     label_distribution: tuple[float, ...] | None = None
     abstained: bool = False
+    correction: str | None = None
+    lean: tuple[float, ...] | None = None
 
     def runners_up(self, n: int = 2) -> tuple[Alternative, ...]:
         """The ``n`` most probable alternatives that are not the answer, best first: for a multi-label field the
@@ -186,7 +193,8 @@ class ExtractionResult:
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON-ready data: values, per-field evidence, warnings and statistics.
 
-        Alternatives are ``[value, probability]`` pairs, best first; a calibrated field adds ``raw_probability``.
+        Alternatives are ``[value, probability]`` pairs, best first; a calibrated or corrected field adds
+        ``raw_probability``, ``correction`` and ``lean``.
         """
         fields: dict[str, Any] = {}
         for name, f in self.fields.items():
@@ -203,6 +211,9 @@ class ExtractionResult:
                 entry["label_probabilities"] = [[v, p] for v, p in f.label_probabilities.items()]
             if f.raw_probability is not None:  # calibrated: the model's own figure too
                 entry["raw_probability"] = f.raw_probability
+            if f.correction is not None:  # which lean was divided out, and the lean itself
+                entry["correction"] = f.correction
+                entry["lean"] = list(f.lean or ())
             if f.abstained:
                 entry["abstained"] = True
             if f.source == "generated":
@@ -296,9 +307,11 @@ def multi_result(
     top_k: int,
     low_mass_warning: float,
     prior: FieldPrior | None = None,
+    correction: str | None = None,
 ) -> FieldResult:
     """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
-    or kept, and the list is in label order. With a ``prior``, each label's "yes" is calibrated first."""
+    or kept, and the list is in label order. With a ``prior``, each label's "yes" is calibrated first
+    (``correction`` names where the prior came from)."""
     raw = [d.probabilities[0] for d in decisions]
     yes = raw if prior is None else [prior.correct_yes(i, p) for i, p in enumerate(raw)]
     by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
@@ -325,6 +338,8 @@ def multi_result(
         wave=wave,
         label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
         raw_probability=None if prior is None else (raw[least] if least in chosen else 1.0 - raw[least]),
+        correction=None if prior is None else correction,
+        lean=None if prior is None else prior.bias,
     )
 
 
@@ -362,13 +377,15 @@ def scored_result(
     top_k: int,
     low_mass_warning: float,
     prior: FieldPrior | None = None,
+    correction: str | None = None,
 ) -> FieldResult:
     """A scored field's result: its label, probability, mass and alternatives; a low mass or a near tie adds a
     warning. With a ``prior``, the distribution is calibrated first and the label is the calibrated argmax (the
-    lowest index on a tie)."""
+    lowest index on a tie; ``correction`` names where the prior came from)."""
     probs = decision.probabilities
     label = decision.label
-    if prior is not None and len(probs) > 1:
+    corrected = prior is not None and len(probs) > 1
+    if prior is not None and corrected:
         probs = prior.correct(probs)
         label = max(range(len(probs)), key=lambda i: (probs[i], -i))
     order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[:top_k]
@@ -393,6 +410,8 @@ def scored_result(
         alternatives=alternatives,
         wave=wave,
         bounded_labels=decision.bounded,
-        raw_probability=None if prior is None or len(probs) < 2 else decision.probabilities[label],
+        raw_probability=decision.probabilities[label] if corrected else None,
         label_distribution=tuple(probs) if len(probs) > 1 else None,
+        correction=correction if corrected else None,
+        lean=prior.bias if prior is not None and corrected else None,
     )

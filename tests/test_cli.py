@@ -365,6 +365,31 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
     assert_one_line_error(code, err, "--field", "tone")
 
 
+def test_eval_corrections_are_methods_equal_to_extract_many_with_each(capsys, tiny, tmp_path):
+    """--corrections all adds one row per correction; each row's predictions are extract_many with that correction
+    on the whole sample (one batch of 18: the batch lean is estimated on all of them)."""
+    from pcd_engine import Engine
+    from pcd_engine.tools.eval import eval_schema
+
+    docs = [{**d, "text": f"{d['text']} (item {i})"} for i, d in enumerate(DOCS * 3)]
+    data, raw = write_jsonl(tmp_path / "d.jsonl", docs), tmp_path / "eval.json"
+    code, out, _ = run(capsys, "eval", tiny, str(data), "--field", "topic", "--corrections", "all", "--backend",
+                       "torch", "--json", str(raw), "-q")  # fmt: skip
+    assert code == 0, out
+    names = ["pcd", *(f"pcd, correction={c}" for c in ("batch", "content_free", "auto"))]
+    assert [r[0] for r in table_rows(out, "method")] == names
+    report = json.loads(raw.read_text())["report"]
+    engine = Engine.shared(tiny, backend="torch")
+    assert report["gold"] == [d["label"] for d in docs]  # the whole file, in order
+    schema = eval_schema("topic", report["gold"])
+    for method in report["methods"]:
+        correction = method["method"].partition("correction=")[2] or "none"
+        got = engine.extract_many([d["text"] for d in docs], schema, correction=correction)
+        assert method["predictions"] == [r.values["topic"] for r in got], correction
+    code, _, err = run(capsys, "eval", tiny, str(data), "--field", "topic", "--corrections", "batch,bogus", "-q")
+    assert_one_line_error(code, err, "--corrections", "bogus")
+
+
 def test_example_presets_are_what_bench_accepts():
     args = build_parser().parse_args(["bench", "m", *EXAMPLE_PRESETS])
     assert args.presets == list(EXAMPLE_PRESETS)

@@ -184,6 +184,7 @@ MODULE_ALL = {
         "accuracy_coverage",
         "eval_schema",
         "evaluate",
+        "parse_corrections",
     ],
     "pcd_engine.tools.check": [
         "CHECKS",
@@ -204,6 +205,7 @@ MODULE_ALL = {
         "bbc_news_path",
         "classification_metrics",
         "load_dataset",
+        "rotten_tomatoes_path",
     ],
     "pcd_engine.tools.plots": ["bench_figure", "eval_figure", "plot_bench", "plot_eval"],
     "pcd_engine.tools.serve": ["create_app", "header_timeout_protocol"],
@@ -286,6 +288,7 @@ MODULE_ALL = {
     "pcd_engine.limits": ["SERVER_LIMITS", "RequestLimits", "Watch"],
     "pcd_engine.request": ["PHASES", "Request", "WavePlan", "prefill"],
     "pcd_engine.options": [
+        "CORRECTIONS",
         "STAGINGS",
         "STRATEGIES",
         "STRATEGY_ALIASES",
@@ -309,6 +312,9 @@ MODULE_ALL = {
     ],
     "pcd_engine.alignment": ["AlignedLines", "align_lines", "common_prefix", "tail_tokens"],
     "pcd_engine.cache": ["CompileCache", "Head"],
+    "pcd_engine.correction": [
+        *("CONTENT_FREE_TEXTS", "CORRECTION_WINDOW", "MIN_BATCH", "batch_priors", "content_free", "field_rows"),
+    ],
     "pcd_engine.schema": [
         "MAX_INT_LABELS",
         "FieldSpec",

@@ -23,7 +23,7 @@ from pcd_engine.checks import check_text
 from pcd_engine.errors import BackendUnavailableError, OptionError, PCDError, pip_install
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models import ALIASES, DEFAULT_MODEL, EMBEDDED_PACKAGE
-from pcd_engine.options import STRATEGIES, STRATEGY_ALIASES, ExtractOptions, check_batch_size
+from pcd_engine.options import CORRECTIONS, STRATEGIES, STRATEGY_ALIASES, ExtractOptions, check_batch_size
 from pcd_engine.tools.examples import EXAMPLE_PRESETS
 from pcd_engine.tools.terminal import (
     RESULT_HEAD,
@@ -61,6 +61,7 @@ def _options(args: argparse.Namespace) -> ExtractOptions:
         quoted_booleans=True if args.quoted_booleans else None,
         calibration=Calibrator.load(args.calibration) if args.calibration else None,
         min_probability=args.min_probability,
+        correction=args.correction,
     )
 
 
@@ -263,7 +264,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     from pcd_engine.tools.baseline import parse_against
     from pcd_engine.tools.datasets import load_dataset
-    from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, eval_schema, evaluate
+    from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, eval_schema, evaluate, parse_corrections
 
     against = parse_against(args.against)
     if args.calibrate and args.calibration:
@@ -277,7 +278,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with progress(len(docs), quiet=args.quiet, unit="doc") as tick:
         report = evaluate(
             engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick,
-            calibrations=calibrations, **options,
+            calibrations=calibrations, corrections=parse_corrections(args.corrections), **options,
         )  # fmt: skip
     print(f"model: {args.model}; {_describe(engine)}; {len(docs)} documents (seed {args.seed})")
     if fitted:
@@ -613,6 +614,14 @@ def _with_decoding(p: argparse.ArgumentParser) -> None:
         metavar="P",
         help="abstain below this probability: Optional fields answer null, the others are flagged",
     )
+    p.add_argument(
+        "--correction",
+        default=None,
+        choices=CORRECTIONS,
+        help="divide out the model's label lean: estimated on the documents decided together (batch), on "
+        "content-free inputs (content_free), batch where 16 or more are decided together else content_free "
+        "(auto), or not at all (none; the engine's default today)",
+    )
 
 
 def _add_run(sub: Any) -> None:
@@ -646,7 +655,9 @@ def _add_eval(sub: Any) -> None:
     p = sub.add_parser("eval", help="accuracy on labelled data against the baselines")
     _with_model(p)
     p.add_argument(
-        "dataset", metavar="DATASET", help="a JSONL file of {text, label}, a folder of label folders, or bbc-news"
+        "dataset",
+        metavar="DATASET",
+        help="a JSONL file of {text, label}, a folder of label folders, bbc-news or rotten-tomatoes",
     )
     p.add_argument("--field", required=True, help="the field to decide (its labels are the dataset's)")
     p.add_argument("--schema", metavar="S.json", help="decide --field inside this schema instead")
@@ -663,6 +674,12 @@ def _add_eval(sub: Any) -> None:
         help="also pcd calibrated on the evaluated texts (transductive) and on other documents (inductive)",
     )
     p.add_argument("--calibrate-method", default="em", choices=CALIBRATION_METHODS, help="default: em")
+    p.add_argument(
+        "--corrections",
+        default="",
+        metavar="LIST",
+        help="also pcd with each of these lean corrections, comma-separated (batch, content_free, auto; or all)",
+    )
     _with_decoding(p)
     p.set_defaults(func=cmd_eval)
 

@@ -11,7 +11,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine.correction import CORRECTION_WINDOW
 from pcd_engine.errors import OptionError
+from pcd_engine.options import CORRECTIONS
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.baseline import BASELINES, INVALID, Progress, ready
 from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classification_metrics
@@ -27,6 +29,7 @@ __all__ = [
     "accuracy_coverage",
     "eval_schema",
     "evaluate",
+    "parse_corrections",
 ]
 
 COVERAGE_THRESHOLDS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -166,6 +169,7 @@ def evaluate(
     max_chars: int | None = None,
     progress: Progress | None = None,
     calibrations: Mapping[str, Any] | None = None,
+    corrections: Sequence[str] = (),
     **extract_options: Any,
 ) -> EvalReport:
     """Decide ``field`` for every document with pcd and each baseline, then score them against the gold labels.
@@ -180,6 +184,10 @@ def evaluate(
         progress: Called with a short description before each batch of documents.
         calibrations: More methods, by name: pcd with each :class:`~pcd_engine.calibration.Calibrator` (fitted
             on this schema and model), run as pcd is.
+        corrections: More methods: pcd with each lean correction of
+            :data:`~pcd_engine.options.CORRECTIONS` (named ``"pcd, correction=batch"``, ...). With any, every pcd
+            method decides the documents in chunks of :data:`~pcd_engine.correction.CORRECTION_WINDOW`, the
+            batch a ``"batch"`` correction estimates its lean on.
         **extract_options: Passed to ``engine.extract_many`` (``strategy``, ``anchor``, ``temperature``).
 
     pcd decides the documents in batches of :meth:`Engine.batch_size` (one pass per wave for a batch); its time
@@ -192,13 +200,15 @@ def evaluate(
     if max_chars is not None and max_chars < 1:
         raise OptionError(f"max_chars: expected a positive number, but got {max_chars}.")
     calibrated = dict(calibrations or {})
-    methods = ("pcd", *calibrated, *against)
+    corrected = {f"pcd, correction={c}": c for c in corrections}
+    methods = ("pcd", *calibrated, *corrected, *against)
     preds: dict[str, list[str]] = {m: [] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
     probabilities: dict[str, list[float]] = {m: [] for m in methods}
     engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
-    size = engine.batch_size()
+    size = max(engine.batch_size(), CORRECTION_WINDOW) if corrected else engine.batch_size()
     runs = {"pcd": extract_options, **{name: {**extract_options, "calibration": c} for name, c in calibrated.items()}}
+    runs.update({name: {**extract_options, "correction": c} for name, c in corrected.items()})
     for first in range(0, len(docs), size):
         chunk = [d.text[:max_chars] for d in docs[first : first + size]]
         if progress:
@@ -231,3 +241,22 @@ def evaluate(
         for m in methods
     )
     return EvalReport(field, tuple(labels), tuple(gold), scores)
+
+
+def parse_corrections(text: str | None) -> tuple[str, ...]:
+    """Parse ``--corrections``: comma-separated names from :data:`~pcd_engine.options.CORRECTIONS` other than
+    ``none`` (which is pcd's own row), ``all`` for every one, or empty for none.
+
+    Raises:
+        OptionError: If a name is unknown.
+    """
+    offered = tuple(c for c in CORRECTIONS if c != "none")
+    if not text or not text.strip():
+        return ()
+    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
+    if names == ("all",):
+        return offered
+    unknown = [n for n in names if n not in offered]
+    if unknown:
+        raise OptionError(f"--corrections: expected names from {list(offered)} or 'all', but got {unknown}.")
+    return names

@@ -1,0 +1,204 @@
+"""Lean corrections without a fitted calibration (pcd_engine.correction), on an oracle LM: each equals the
+calibrated extraction it stands for (the batch's EM prior, wave by wave; the content-free mean prior), the batch
+correction does not depend on the documents' order, and what cannot be corrected says so."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+import pcd_engine.engine as engine_module
+from pcd_engine import Engine, compile_schema
+from pcd_engine.calibration import Calibrator
+from pcd_engine.correction import CONTENT_FREE_TEXTS, MIN_BATCH, field_rows
+from pcd_engine.errors import OptionError
+from tests.support import OracleBackend, OracleLM
+from tests.test_calibration import SCHEMA  # closed fields of every kind, one-label, and an open one
+
+CLOSED = ("urgent", "deadline", "carrier", "tags")
+WORDS = "parcel late broken refund invoice courier damaged tonight charge twice angry box label week".split()
+
+
+def texts(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    return [f"Ticket {i}: " + " ".join(rng.choice(WORDS) for _ in range(6)) + "." for i in range(n)]
+
+
+def engine(smol_tokenizer, *, anchor: bool) -> Engine:
+    # The last 40 tokens (the tail and the end of the document) seed each distribution: every document differs.
+    return Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer), window=40)), anchor=anchor)
+
+
+def rows_of(results, names) -> dict[str, list[list[float]]]:
+    """Each field's row per document, as a calibrator is fitted from them."""
+    out: dict[str, list[list[float]]] = {}
+    for name in names:
+        for r in results:
+            f = r.fields[name]
+            row = list(f.label_probabilities.values()) if f.label_probabilities else list(f.label_distribution)
+            out.setdefault(name, []).append(row)
+    return out
+
+
+def assert_same_decisions(got, want, *, correction):
+    assert got.values == want.values
+    for name in CLOSED:
+        a, b = got.fields[name], want.fields[name]
+        assert a.probability == pytest.approx(b.probability, abs=1e-12), name
+        assert a.raw_probability == pytest.approx(b.raw_probability, abs=1e-12), name
+        assert a.lean == pytest.approx(b.lean, abs=1e-12), name
+        assert a.correction == correction and b.correction == "calibration", name
+    assert got.fields["queue"].correction is None  # one label: nothing to correct
+
+
+def test_batch_correction_equals_calibrating_with_the_batch_em_prior(smol_tokenizer):
+    """One wave (no anchor): every closed field's lean is the EM prior of the batch's own whole distributions,
+    and each document is decided as a calibrated call with that prior; the open field sees the corrected
+    answers."""
+    eng = engine(smol_tokenizer, anchor=False)
+    docs = texts(20)
+    got = eng.extract_many(docs, SCHEMA, correction="batch")
+    raw = eng.extract_many(docs, SCHEMA, strategy="exact", staging="one_pass")
+    schema = compile_schema(SCHEMA)
+    cal = Calibrator.from_distributions(schema, rows_of(raw, CLOSED), model=eng.model_id, method="em")
+    for text, result in zip(docs, got, strict=True):
+        assert_same_decisions(result, eng.extract(text, SCHEMA, calibration=cal), correction="batch")
+    assert any(r.values != o.values for r, o in zip(got, raw, strict=True))  # the correction changed answers
+    data = got[0].to_json()["fields"]
+    assert data["deadline"]["correction"] == "batch" and len(data["deadline"]["lean"]) == 4
+    assert "correction" not in raw[0].to_json()["fields"]["deadline"]
+
+
+def test_batch_correction_is_wave_by_wave(smol_tokenizer):
+    """With an anchor, the second wave reads the first wave's corrected answer: its lean is estimated on the
+    distributions read after the corrected anchor, as a calibration of the anchor alone would read them."""
+    eng = engine(smol_tokenizer, anchor=True)
+    docs = texts(18, seed=1)
+    schema = compile_schema(SCHEMA)
+    got = eng.extract_many(docs, SCHEMA, correction="batch")
+    assert got[0].stats.waves == 2
+    first = eng.extract_many(docs, SCHEMA, strategy="exact", staging="one_pass")
+    anchor_only = Calibrator.from_distributions(schema, rows_of(first, ["urgent"]), model=eng.model_id, method="em")
+    second = eng.extract_many(docs, SCHEMA, calibration=anchor_only)
+    rows = {**rows_of(first, ["urgent"]), **rows_of(second, CLOSED[1:])}
+    cal = Calibrator.from_distributions(schema, rows, model=eng.model_id, method="em")
+    for text, result in zip(docs, got, strict=True):
+        assert_same_decisions(result, eng.extract(text, SCHEMA, calibration=cal), correction="batch")
+
+
+def test_batch_correction_does_not_depend_on_the_order_of_the_documents(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=True)
+    docs = texts(17, seed=2)
+    got = eng.extract_many(docs, SCHEMA, correction="batch")
+    order = list(range(len(docs)))
+    random.Random(5).shuffle(order)
+    shuffled = eng.extract_many([docs[i] for i in order], SCHEMA, correction="batch", batch_size=3)
+    for position, i in enumerate(order):
+        assert shuffled[position].values == got[i].values
+        for name in CLOSED:
+            assert shuffled[position].fields[name].probability == pytest.approx(got[i].fields[name].probability)
+
+
+def test_a_batch_too_small_to_estimate_a_lean_is_decided_raw_and_says_so(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=True)
+    docs = texts(MIN_BATCH - 1, seed=3)
+    got = eng.extract_many(docs, SCHEMA, correction="batch")
+    raw = eng.extract_many(docs, SCHEMA, strategy="exact", staging="one_pass")
+    alone = eng.extract(docs[0], SCHEMA, correction="batch")
+    for r, o in zip([*got, alone], [*raw, raw[0]], strict=True):
+        assert r.values == o.values
+        assert all(f.correction is None and f.raw_probability is None for f in r.fields.values())
+    note = f"but this batch had {MIN_BATCH - 1}; the answers are the model's own"
+    assert sum(note in w for w in got[0].warnings) == 1
+    assert any("but this batch had 1;" in w for w in alone.warnings)
+
+
+def test_a_long_call_is_cut_into_even_windows_each_its_own_batch(smol_tokenizer, monkeypatch):
+    """34 documents under a window of 24 are two batches of 17 (not 24 and 10, which would be too small)."""
+    monkeypatch.setattr(engine_module, "CORRECTION_WINDOW", 24)
+    eng = engine(smol_tokenizer, anchor=False)
+    docs = texts(34, seed=4)
+    got = eng.extract_many(docs, SCHEMA, correction="batch")
+    assert all(r.fields["deadline"].correction == "batch" for r in got)
+    leans = {r.fields["deadline"].lean for r in got}
+    assert len(leans) == 2
+    raw = eng.extract_many(docs, SCHEMA, strategy="exact", staging="one_pass")
+    schema = compile_schema(SCHEMA)
+    for part in (slice(0, 17), slice(17, 34)):
+        cal = Calibrator.from_distributions(schema, rows_of(raw[part], CLOSED), model=eng.model_id, method="em")
+        assert got[part][0].fields["deadline"].lean == pytest.approx(cal.field("deadline").bias, abs=1e-12)
+
+
+def test_content_free_correction_equals_calibrating_on_the_content_free_inputs_once(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=True)
+    text = texts(1, seed=6)[0]
+    got = eng.extract(text, SCHEMA, correction="content_free")
+    cal = Calibrator.fit(eng, CONTENT_FREE_TEXTS, SCHEMA, method="mean")
+    assert_same_decisions(got, eng.extract(text, SCHEMA, calibration=cal), correction="content_free")
+    before = eng.backend.forward_passes
+    again = eng.extract(text, SCHEMA, correction="content_free")
+    alone = eng.backend.forward_passes - before
+    before = eng.backend.forward_passes
+    eng.extract(text, SCHEMA, calibration=cal)
+    assert alone == eng.backend.forward_passes - before  # the lean was read once, and kept
+    assert again.values == got.values
+    many = eng.extract_many(texts(3, seed=7), SCHEMA, correction="content_free")
+    assert all(r.fields["urgent"].lean == got.fields["urgent"].lean for r in many)
+
+
+def test_auto_is_the_batch_lean_in_a_batch_and_the_content_free_one_alone(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=True)
+    docs = texts(MIN_BATCH, seed=10)
+    auto = eng.extract_many(docs, SCHEMA, correction="auto")
+    batch = eng.extract_many(docs, SCHEMA, correction="batch")
+    for a, b in zip(auto, batch, strict=True):
+        assert a.values == b.values
+        assert all(a.fields[n].lean == b.fields[n].lean and a.fields[n].correction == "batch" for n in CLOSED)
+    few = eng.extract_many(docs[:3], SCHEMA, correction="auto")
+    alone = [eng.extract(t, SCHEMA, correction="content_free") for t in docs[:3]]
+    for a, b in zip(few, alone, strict=True):
+        assert a.values == b.values and not any("Correction" in w for w in a.warnings)
+        assert all(a.fields[n].correction == "content_free" and a.fields[n].lean == b.fields[n].lean for n in CLOSED)
+    one = eng.extract(docs[0], SCHEMA, correction="auto")
+    assert one.values == alone[0].values and one.fields["deadline"].correction == "content_free"
+
+
+def test_a_fitted_calibration_wins_over_any_correction(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=False)
+    docs = texts(MIN_BATCH, seed=8)
+    schema = compile_schema(SCHEMA)
+    raw = eng.extract_many(docs, SCHEMA, strategy="exact", staging="one_pass")
+    cal = Calibrator.from_distributions(schema, rows_of(raw[:3], CLOSED), model=eng.model_id, method="mean")
+    for correction in ("batch", "content_free", "auto", "none"):
+        got = eng.extract_many(docs, SCHEMA, calibration=cal, correction=correction)
+        for r, text in zip(got, docs, strict=True):
+            assert_same_decisions(r, eng.extract(text, SCHEMA, calibration=cal), correction="calibration")
+
+
+def test_correction_none_is_the_model_s_own_decision(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=True)
+    docs = texts(MIN_BATCH, seed=9)
+    plain = eng.extract_many(docs, SCHEMA)
+    off = eng.extract_many(docs, SCHEMA, correction="none")
+    assert [r.values for r in off] == [r.values for r in plain]
+    assert all(f.correction is None for r in off for f in r.fields.values())
+
+
+def test_an_unknown_correction_is_refused(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=True)
+    known = r"\['none', 'batch', 'content_free', 'auto'\]"
+    with pytest.raises(OptionError, match=rf"correction: expected one of {known}, but got 'bach'"):
+        eng.extract("x", SCHEMA, correction="bach")
+    with pytest.raises(OptionError, match="correction"):
+        Engine(eng.backend, correction="auto-ish")
+
+
+def test_field_rows_are_the_distribution_or_each_label_s_yes():
+    from pcd_engine.decoding import Decision
+
+    schema = compile_schema(SCHEMA)
+    one = Decision(label=1, probabilities=(0.2, 0.5, 0.3), candidate_mass=0.9, method="exact")
+    assert field_rows(schema.field("carrier"), [one]) == [0.2, 0.5, 0.3]
+    yes = [Decision(label=0, probabilities=(p, 1 - p), candidate_mass=0.8, method="exact") for p in (0.1, 0.7, 0.4)]
+    assert field_rows(schema.field("tags"), yes) == [0.1, 0.7, 0.4]
