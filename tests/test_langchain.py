@@ -679,6 +679,19 @@ def leaning_against(engine, text, schema, field):
     return Calibrator.from_distributions(compiled, {field: [lean]}, model=engine.model_id)
 
 
+def test_a_correction_reaches_the_batched_structured_calls(tiny_engine):
+    """16 tickets through with_structured_output(...).batch are one engine call: the batch correction's lean is
+    estimated on all of them, and the answers are extract_many's with the same correction."""
+    texts = [f"{TICKET} (ticket {i})" for i in range(16)]
+    expected = tiny_engine.extract_many(texts, Ticket, correction="batch")
+    assert all(r.fields["urgency"].correction == "batch" for r in expected)
+    llm = ChatPCD(engine=tiny_engine, options={"correction": "batch"})
+    assert llm.with_structured_output(Ticket).batch(texts) == [r.model for r in expected]
+    single = tiny_engine.extract(TICKET, Ticket, correction="content_free")
+    alone = ChatPCD(engine=tiny_engine, options={"correction": "content_free"})
+    assert alone.with_structured_output(Ticket).invoke(TICKET) == single.model
+
+
 def test_a_calibration_reaches_every_structured_call(tiny_engine, tmp_path):
     cal = leaning_against(tiny_engine, TICKET, Ticket, "topic")
     expected = tiny_engine.extract(TICKET, Ticket, calibration=cal)

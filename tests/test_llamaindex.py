@@ -302,6 +302,17 @@ def test_extractor_takes_its_engine_from_llm_or_model(default_engine, monkeypatc
         PCDMetadataExtractor(Tags, llm=llm, model="smollm2-135m")
 
 
+def test_a_correction_reaches_the_extractor_s_batches(tiny_engine):
+    """The extractor's 16 nodes per engine call are one batch for the batch correction: its tags are extract_many's
+    with the same correction."""
+    texts = [f"{SPORT_TEXT} (match {i})" for i in range(16)]
+    expected = tiny_engine.extract_many(texts, Tags, correction="batch")
+    assert all(r.fields["topic"].correction == "batch" for r in expected)
+    extractor = PCDMetadataExtractor(Tags, engine=tiny_engine, options={"correction": "batch"})
+    tags = extractor.extract_batches([TextNode(text=t) for t in texts])
+    assert tags == [{k: getattr(v, "value", v) for k, v in r.values.items()} for r in expected]
+
+
 def test_a_calibration_reaches_the_llm_and_the_extractor(tiny_engine, tmp_path):
     from tests.test_langchain import leaning_against
 
