@@ -91,10 +91,14 @@ def test_presets_default_settings(default_engine, name):
     assert out.stats.waves >= 2
 
 
-@pytest.mark.parametrize("name", EXAMPLE_PRESETS)
+@pytest.mark.parametrize("name", [n for n in EXAMPLE_PRESETS if n != "customs_255"])
 def test_presets_staged_equal_one_pass(default_engine, name):
     """The staged reading decides what one pass over every label's tokens decides, on the real model (the exact
-    strategy too on catalogue_255; customs_255's one-pass exact reading alone takes half a minute of CI)."""
+    strategy too on catalogue_255). customs_255 is left out: its one-pass reading of 255 long labels over a
+    4,000-token prompt took 50 s of CI, and what it would check is checked elsewhere: staged equals one pass on
+    customs_255's own labels with both strategies on the oracle LM (test_staging), and on the real model over 255
+    labels with catalogue_255 here; customs_255 is still decided staged on the real model by
+    test_presets_default_settings."""
     preset = example_preset(name)
     strategies = [None, "exact"] if name == "catalogue_255" else [None]
     for strategy in strategies:
