@@ -1,8 +1,10 @@
 """Label-bias corrections that need nothing from the user, measured side by side on labelled data.
 
 For each dataset (BBC News topics, five labels; Rotten Tomatoes review snippets, fresh/rotten), a seeded sample is
-read with every label's probability (``strategy="exact"``, the whole distribution, as a calibrated call reads it),
-once with the labels listed sorted and once reversed. Each correction decides from those readings (plus whatever
+read with every label's probability, once with the labels listed sorted and once reversed, in each reading asked
+for: ``exact`` (each label's full tokens, as a calibrated call reads it) and ``marginal`` (each label's
+identifying token, as a default call reads a field of up to 32 labels, and as the default ``"auto"`` correction
+corrects it). Each correction decides from those readings (plus whatever
 extra readings it needs), and is reported with accuracy, macro-F1, the share of documents whose answer is the same
 under both label orders, and its cost in readings per document. Each dataset is also reported on a skewed
 batch (every document of its first label and one in four of the others), where a correction towards uniform
@@ -29,7 +31,7 @@ argmax of ``q / b``):
 
 Usage::
 
-    python benchmarks/bench_corrections.py --bbc-docs 200 --rt-docs 300 --max-chars 600
+    python benchmarks/bench_corrections.py --bbc-docs 240 --rt-docs 320 --max-chars 600 --readings exact,marginal
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ from pcd_engine.tools.datasets import classification_metrics, load_dataset  # no
 from pcd_engine.tools.eval import eval_schema  # noqa: E402
 from pcd_engine.tools.terminal import table, versions  # noqa: E402
 
-WHOLE = {"strategy": "exact", "staging": "one_pass", "anchor": False}
+READINGS = ("exact", "marginal")
 CONTENT_FREE = ("N/A", "[MASK]", "(no text)")
 DATASETS = {
     "bbc-news": ("topic", "The section of the news site"),
@@ -100,8 +102,11 @@ def word_documents(words: Sequence[str], *, count: int, length: int, seed: int) 
 class Reader:
     """Reads one dataset's field in one label order: whole distributions, masses and the time per document."""
 
-    def __init__(self, engine: Engine, field: str, description: str, labels: list[str], order: list[str]):
+    def __init__(
+        self, engine: Engine, field: str, description: str, labels: list[str], order: list[str], strategy: str
+    ):
         self.engine, self.field, self.labels, self.order = engine, field, labels, order
+        self.options = {"strategy": strategy, "staging": "one_pass", "anchor": False, "correction": "none"}
         self.schema = eval_schema(field, labels, schema={field: {"type": "enum", "choices": order,
                                                                  "description": description}})  # fmt: skip
         self.seconds = 0.0
@@ -109,7 +114,7 @@ class Reader:
 
     def read(self, texts: Sequence[str]) -> tuple[list[list[float]], list[float]]:
         started = time.perf_counter()
-        outs = self.engine.extract_many(list(texts), self.schema, **WHOLE)
+        outs = self.engine.extract_many(list(texts), self.schema, **self.options)
         self.seconds += time.perf_counter() - started
         self.readings += len(texts)
         fields = [o.fields[self.field] for o in outs]
@@ -132,8 +137,10 @@ class Reader:
         return [count[label] for label in self.labels]
 
 
-def readings(engine: Engine, name: str, texts: list[str], labels: list[str], seed: int, words: list[str]) -> dict:
-    """Every reading the corrections decide from, in both label orders."""
+def readings(
+    engine: Engine, name: str, texts: list[str], labels: list[str], seed: int, words: list[str], strategy: str
+) -> dict:
+    """Every reading the corrections decide from, in both label orders, read with ``strategy``."""
     field, description = DATASETS[name]
     rng = random.Random(seed)
     mean_words = max(3, round(statistics.fmean(len(t.split()) for t in texts)))
@@ -145,7 +152,7 @@ def readings(engine: Engine, name: str, texts: list[str], labels: list[str], see
         shuffled.append(" ".join(parts))
     out = {}
     for base, order in (("sorted", labels), ("reversed", labels[::-1])):
-        reader = Reader(engine, field, description, labels, order)
+        reader = Reader(engine, field, description, labels, order, strategy)
         q, mass = reader.read(texts)
         out[base] = {
             "ms": reader.seconds * 1000 / len(texts),
@@ -220,18 +227,20 @@ def report(name: str, read: dict, keep: Sequence[int], gold: list[str], labels: 
     return out
 
 
-def measure(engine: Engine, name: str, docs: int, max_chars: int, seed: int, words: list[str]) -> list[tuple]:
+def measure(
+    engine: Engine, name: str, docs: int, max_chars: int, seed: int, words: list[str], strategy: str
+) -> list[tuple]:
     data = load_dataset(name, limit=docs, seed=seed)
     texts = [d.text[:max_chars] for d in data]
     gold = [d.label for d in data]
     labels = sorted(set(gold))
-    read = readings(engine, name, texts, labels, seed, words)
-    rows = report(f"{name} ({len(texts)})", read, range(len(texts)), gold, labels)
+    read = readings(engine, name, texts, labels, seed, words, strategy)
+    rows = report(f"{name} ({len(texts)}, {strategy})", read, range(len(texts)), gold, labels)
     # A skewed batch: every document of the sample's first label, and one in four of the others.
     first = labels[0]
     skewed = [i for i, g in enumerate(gold) if g == first or i % 4 == 0]
     share = sum(gold[i] == first for i in skewed) / len(skewed)
-    rows += report(f"{name} skewed ({len(skewed)}, {share:.0%} {first})", read, skewed, gold, labels)
+    rows += report(f"{name} skewed ({len(skewed)}, {share:.0%} {first}, {strategy})", read, skewed, gold, labels)
     return rows
 
 
@@ -252,16 +261,22 @@ def main(argv: Sequence[str] | None = None, *, engine_factory: Callable[[], Engi
     parser.add_argument("--max-chars", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None)
+    parser.add_argument(
+        "--readings", default=",".join(READINGS), help=f"comma-separated, from {', '.join(READINGS)} (default: both)"
+    )
     args = parser.parse_args(argv)
+    strategies = [s.strip() for s in args.readings.split(",") if s.strip()]
+    if not strategies or any(s not in READINGS for s in strategies):
+        parser.error(f"--readings: expected names from {list(READINGS)}, but got {args.readings!r}")
     engine = engine_factory() if engine_factory else Engine.load(args.model, backend="torch")
     print(f"model: {args.model or 'default'}; backend torch; {versions()}")
     print(f"first {args.max_chars} characters of each document; seed {args.seed}\n")
     words = vocabulary_words(engine)
     rows = []
     for name, docs in (("bbc-news", args.bbc_docs), ("rotten-tomatoes", args.rt_docs)):
-        if docs:
-            rows += measure(engine, name, docs, args.max_chars, args.seed, words)
-            print(f"{name}: {docs} documents read", flush=True)
+        for strategy in strategies if docs else ():
+            rows += measure(engine, name, docs, args.max_chars, args.seed, words, strategy)
+            print(f"{name}: {docs} documents read ({strategy})", flush=True)
     head = ("dataset", "correction", "accuracy", "macro-F1", "same answer, reversed order", "cost")
     print("\n" + table(head, rows))
     return 0

@@ -41,6 +41,11 @@ def main(argv: list[str]) -> int:
         return 1
     print(f"text: {shorten(text)}\n")
     show_table(RESULT_HEAD, result_rows(out))
+    if any(f.raw_probability is not None for f in out.fields.values()):
+        print(
+            "\n(raw P) is the model's own probability; the other is after dividing out its label lean "
+            "(correction='auto', pcd's default; correction='none' turns it off)."
+        )
     print(f"\nmodel: {out.model!r}")
     s = out.stats
     print(

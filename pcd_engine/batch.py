@@ -34,7 +34,7 @@ from pcd_engine.decoding import Decision
 from pcd_engine.generation import OpenRows
 from pcd_engine.options import ExtractOptions
 from pcd_engine.request import Request, WavePlan
-from pcd_engine.result import ExtractionResult
+from pcd_engine.result import ExtractionResult, FieldResult
 from pcd_engine.schema import Schema
 from pcd_engine.tree import TreeBatch
 
@@ -42,7 +42,18 @@ if TYPE_CHECKING:
     from pcd_engine.calibration import FieldPrior
     from pcd_engine.engine import Engine
 
-__all__ = ["Batch", "Document", "Member", "fits", "groups", "row_groups", "run_batch"]
+__all__ = [
+    "Batch",
+    "Document",
+    "Member",
+    "fits",
+    "groups",
+    "lean_key",
+    "open_batch",
+    "read_batch",
+    "row_groups",
+    "run_batch",
+]
 
 # A request in a stage's shared pass: the caller's key, the request, and its one tree batch.
 Member = tuple[int, Request, TreeBatch]
@@ -68,14 +79,26 @@ class Batch:
     def run(self) -> dict[int, ExtractionResult | Exception]:
         """Decide every wave of every request (together where the backend can), generate the open fields, and
         return each request's result or exception by index."""
-        depth = max((len(r.waves) for r in self.requests.values()), default=0)
-        for index in range(depth):
-            self.wave(index)
+        self.decide()
         self.generate()
         out: dict[int, ExtractionResult | Exception] = dict(self.failed)
         for key, request in sorted(self.requests.items()):
             with self.step(key, request):
                 out[key] = request.result(started=self.started)
+        return out
+
+    def decide(self) -> None:
+        """Decide every wave of every request, together where the backend can."""
+        depth = max((len(r.waves) for r in self.requests.values()), default=0)
+        for index in range(depth):
+            self.wave(index)
+
+    def closed(self) -> dict[int, dict[str, FieldResult] | Exception]:
+        """Decide every wave of every request and return each one's closed fields' results (nothing generated),
+        or its exception, by index."""
+        self.decide()
+        out: dict[int, dict[str, FieldResult] | Exception] = dict(self.failed)
+        out.update({key: dict(request.results) for key, request in self.requests.items()})
         return out
 
     def generate(self) -> None:
@@ -147,9 +170,7 @@ class Batch:
         for key in decided:
             request = self.requests.get(key)
             if request is not None and request.correction in ("batch", "auto"):
-                call = request.call
-                same = (request.schema.fingerprint, call.prompt_format.key, call.temperature, call.strategy,
-                        call.anchor, plans[key].index)  # fmt: skip
+                same = (*lean_key(request.schema, request.call), request.batched, plans[key].index)
                 together.setdefault(same, []).append(key)
         out: dict[int, dict[str, FieldPrior]] = {}
         for keys in together.values():
@@ -160,9 +181,13 @@ class Batch:
                 continue
             rows: dict[str, list[list[float]]] = {}
             specs = {spec.name: spec for spec, _ in plans[keys[0]].asked}
+            partial: set[str] = set()  # fields some document read in a way its correction leaves as read
             for key in keys:
                 for name, decisions in Request.by_field(plans[key].asked, decided[key]).items():
                     rows.setdefault(name, []).append(field_rows(specs[name], decisions))
+                    if not self.requests[key].correctable(specs[name], decisions):
+                        partial.add(name)
+            rows = {name: r for name, r in rows.items() if name not in partial}
             if rows:
                 priors = batch_priors(first.schema, first.engine.model_id, rows)
                 out.update(dict.fromkeys(keys, priors))
@@ -291,6 +316,13 @@ def _rows_fit(group: Sequence[tuple[int, Request, OpenRows]]) -> bool:
     return need <= min(r.budget.bytes for _, r, _ in group)
 
 
+def lean_key(schema: Schema, call: ExtractOptions) -> tuple[object, ...]:
+    """What documents must share for one batch lean to be estimated on them: the schema, the prompt format, the
+    reading options and the correction."""
+    return (schema.fingerprint, call.prompt_format.key, call.temperature, call.strategy, call.anchor, call.staging,
+            call.correction)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Document:
     """One extraction to decide in a batch.
@@ -322,15 +354,37 @@ def run_batch(
         max_documents: The most documents one pass may hold.
         started: ``perf_counter`` reading each result's total time counts from (now by default).
     """
+    done = open_batch(engine, documents, max_documents=max_documents, started=started).run()
+    return [done[k] for k in range(len(documents))]
+
+
+def read_batch(
+    engine: Engine, documents: Sequence[Document], *, max_documents: int
+) -> list[dict[str, FieldResult] | Exception]:
+    """:func:`run_batch` for the closed fields only: each document's closed fields' results by name (the open
+    fields are not generated), or its exception, in order. What a calibration is fitted from."""
+    done = open_batch(engine, documents, max_documents=max_documents).closed()
+    return [done[k] for k in range(len(documents))]
+
+
+def open_batch(
+    engine: Engine, documents: Sequence[Document], *, max_documents: int, started: float | None = None
+) -> Batch:
+    """Open each document's request into one :class:`Batch` (a failure to open is that document's exception).
+    Documents with at least :data:`~pcd_engine.correction.MIN_BATCH` others of the same schema and options are
+    opened as batched (:attr:`~pcd_engine.request.Request.batched`)."""
     batch = Batch({}, max_documents=max_documents, started=started or time.perf_counter())
+    together: dict[tuple[object, ...], int] = {}
+    for doc in documents:
+        together[lean_key(doc.schema, doc.call)] = together.get(lean_key(doc.schema, doc.call), 0) + 1
     for key, doc in enumerate(documents):
+        batched = together[lean_key(doc.schema, doc.call)] >= MIN_BATCH
         try:
             text = check_text(doc.text, where=doc.where)
-            request = Request.open(engine, doc.schema, doc.call, text, cancelled=doc.cancelled)
+            request = Request.open(engine, doc.schema, doc.call, text, cancelled=doc.cancelled, batched=batched)
         except Exception as exc:  # noqa: BLE001 - this document's result
             batch.failed[key] = exc
             continue
-        request.passes = request.prefill_passes
+        request.passes = request.prefill_passes + request.correction_passes
         batch.requests[key] = request
-    done = batch.run()
-    return [done[k] for k in range(len(documents))]
+    return batch

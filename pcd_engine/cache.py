@@ -51,7 +51,7 @@ class CompileCache:
         self.pass_plans: LRU[tuple[int, int, frozenset[int] | None], tuple[CompiledWave, list[TreeBatch]]] = LRU(
             64 * heads
         )
-        self.leans: LRU[tuple[Any, ...], Any] = LRU(heads)
+        self.leans: LRU[tuple[Any, ...], Any] = LRU(64 * heads)
 
     @staticmethod
     def head_key(schema: Schema, fmt: PromptFormat) -> str:

@@ -297,7 +297,8 @@ class Calibrator:
         examples: Sequence[tuple[str, Mapping[str, Any]]] = (),
     ) -> Calibrator:
         """Estimate the corrections from unlabelled ``texts``: each closed field's full label distribution on every
-        document (one batched extraction, every label read), then :meth:`from_distributions`.
+        document (the closed fields decided in batches, every label read; nothing generated), then
+        :meth:`from_distributions`.
 
         Args:
             engine: The :class:`~pcd_engine.engine.Engine` (its model is the one calibrated).
@@ -334,16 +335,16 @@ class Calibrator:
         closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
         priors = _example_priors(closed, examples)
         texts = [*texts, *(text for text, _ in examples)]
-        results = []
+        results: list[dict[str, Any]] = []
         for first in range(0, len(texts), FIT_CHUNK):
             chunk = list(texts[first : first + FIT_CHUNK])
             if progress:
                 progress(f"documents {first + 1}-{first + len(chunk)}/{len(texts)}")
-            results += engine.extract_many(chunk, compiled, call, batch_size=batch_size)
+            results += engine.read_closed(chunk, compiled, call, batch_size=batch_size)
         distributions: dict[str, list[list[float]]] = {s.name: [] for s in closed}
         for result in results:
             for spec in closed:
-                got = result.fields[spec.name]
+                got = result[spec.name]
                 if spec.kind == "multi":
                     yes = got.label_probabilities or {}
                     distributions[spec.name].append([yes[label.value] for label in spec.labels])

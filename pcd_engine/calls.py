@@ -205,7 +205,9 @@ def decide_tools(
         tools: The tools.
         choice: ``"auto"``, ``"required"`` (``"any"`` is accepted too), ``"none"``, or a tool's name (forced).
         parallel: Let the model call several tools at once.
-        options: Extraction options for every call.
+        options: Extraction options for every call. The choice of tool is decided with the model's own
+            distribution (``correction="none"``) unless ``options`` or ``extract`` name a ``correction``; the
+            arguments get the engine's default correction like any extraction.
         **extract: Passed to every :meth:`~pcd_engine.Engine.extract` call (``limits``, ``cancelled``).
 
     Returns:
@@ -225,7 +227,11 @@ def decide_tools(
         return ToolDecision((_call(engine, text, by_name[choice], options, extract),), None)
     if choice == "required" and len(tools) == 1 and not parallel:
         return ToolDecision((_call(engine, text, tools[0], options, extract),), None)
-    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), options, **extract)
+    # The choice itself is the model's own unless a correction is asked for: the automatic correction is chosen
+    # on classification sets, and a lean read on content-free text would push every turn towards calling a tool.
+    asked = ExtractOptions.parse(options)
+    choosing = extract if "correction" in extract or asked.correction is not None else {**extract, "correction": "none"}
+    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), asked, **choosing)
     evidence = decided.fields["tools" if parallel else "next"]
     chosen = list(evidence.value) if parallel else [evidence.value]
     names = [t.name for t in tools if t.name in chosen]

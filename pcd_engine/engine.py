@@ -31,7 +31,7 @@ from typing import Any
 
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.batch import Document, run_batch
+from pcd_engine.batch import Document, read_batch, run_batch
 from pcd_engine.budget import PassBudget
 from pcd_engine.cache import CompileCache, Head
 from pcd_engine.checks import check_text
@@ -43,7 +43,7 @@ from pcd_engine.lru import LRU
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
 from pcd_engine.prompt import ChatPrompt, TokenizerView
 from pcd_engine.request import Request, prefill
-from pcd_engine.result import ExtractionResult
+from pcd_engine.result import ExtractionResult, FieldResult
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.staging import PassCost, measure_pass_cost
 
@@ -324,6 +324,47 @@ class Engine:
             out.extend(done)
         return out
 
+    def read_closed(
+        self,
+        texts: Iterable[str],
+        schema: Any,
+        options: ExtractOptions | Mapping[str, Any] | None = None,
+        *,
+        batch_size: int | None = None,
+        **knobs: Any,
+    ) -> list[dict[str, FieldResult]]:
+        """Decide only the closed fields of many texts, as :meth:`extract_many` decides them, without generating
+        the open ones: each document's closed fields' results by name, in order. What a calibration or a
+        content-free lean is read from.
+
+        Args:
+            texts: The documents.
+            schema: As for :meth:`extract`.
+            options: As for :meth:`extract`.
+            batch_size: As for :meth:`extract_many`.
+            **knobs: As for :meth:`extract`.
+
+        Raises:
+            ContextError: If a text is empty or not valid Unicode (all are checked before any model work).
+            OptionError: If an option or ``batch_size`` is out of range.
+            SchemaError: If the schema has a field pcd cannot decide.
+            PCDError: The first failing document's error.
+        """
+        compiled = compile_schema(schema)
+        call = self.resolve(options, **knobs)
+        size = self.batch_size(batch_size)
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            check_text(text, where=f"texts[{i}]")
+        documents = [Document(t, compiled, call, None, f"texts[{i}]") for i, t in enumerate(texts)]
+        out: list[dict[str, FieldResult]] = []
+        for first in range(0, len(documents), 4 * size):
+            for done in read_batch(self, documents[first : first + 4 * size], max_documents=size):
+                if isinstance(done, Exception):
+                    raise done
+                out.append(done)
+        return out
+
     def collector(self) -> Collector:
         """The engine's shared :class:`~pcd_engine.collector.Collector` (a 5 ms window, the engine's batch size),
         created on first use: extractions submitted to it from many threads or tasks at once are decided in
@@ -375,7 +416,7 @@ class Engine:
         given = ExtractOptions.parse(options)
         single = ExtractOptions.parse(knobs, where="extract")
         merged = single.over(given.over(self.options.defaults()))
-        return merged.read_whole() if merged.corrects else merged
+        return merged.read_whole() if merged.reads_whole else merged
 
     # ------------------------------------------------------------------------------------------ heads
 

@@ -109,10 +109,13 @@ class ExtractOptions:
         correction: How the model's label lean is divided out when no ``calibration`` is given (one of
             :data:`CORRECTIONS`; see :mod:`pcd_engine.correction`): ``"batch"`` estimates it on the documents
             decided together (``extract_many``, a collected batch), ``"content_free"`` on content-free inputs read
-            once per schema, ``"auto"`` is ``"batch"`` where at least
+            once per schema, ``"auto"`` (the engine's default) is ``"batch"`` where at least
             :data:`~pcd_engine.correction.MIN_BATCH` documents are decided together and ``"content_free"``
             elsewhere, ``"none"`` keeps the model's own distributions. A ``calibration`` wins over it.
-            Corrected fields are read whole, like calibrated ones.
+            ``"batch"`` and ``"content_free"`` read every field whole, like a calibration, so every field is
+            corrected; ``"auto"`` keeps the call's own reading and corrects the fields it reads whole (the
+            marginal ones: up to ``marginal_max_labels`` labels by default, and multi-label flags), leaving
+            large label sets to their cost-planned reading.
 
     Raises:
         OptionError: On construction, if a value has the wrong type or is out of range.
@@ -188,6 +191,12 @@ class ExtractOptions:
         """Whether the call divides a lean out of its distributions: a calibration, or a correction other than
         ``"none"``."""
         return self.calibration is not None or self.correction not in (None, "none")
+
+    @property
+    def reads_whole(self) -> bool:
+        """Whether the call reads every closed field whole (:meth:`read_whole`): with a calibration, or with a
+        correction asked for by name (``"batch"``, ``"content_free"``). ``"auto"`` keeps the call's reading."""
+        return self.calibration is not None or self.correction in ("batch", "content_free")
 
     def read_whole(self) -> ExtractOptions:
         """These options with every closed field read whole (``staging="one_pass"``, the trie walk as
@@ -283,7 +292,9 @@ class EngineOptions:
             ``None`` lets the engine choose (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU or Metal; 1 where the
             backend does not batch documents).
             The memory budget and the documents' lengths may split a batch further.
-        correction: The default correction of the model's label lean (see :class:`ExtractOptions`).
+        correction: The default correction of the model's label lean (see :class:`ExtractOptions`):
+            ``"auto"``, chosen from ``benchmarks/bench_corrections.py``'s table; ``"none"`` decides with the
+            model's own distributions.
     """
 
     anchor: bool = True
@@ -302,7 +313,7 @@ class EngineOptions:
     pass_cost: tuple[float, float] | None = None
     prompt: PromptFormat = field(default_factory=PromptFormat)
     batch_size: int | None = None
-    correction: str = "none"
+    correction: str = "auto"
 
     def __post_init__(self) -> None:
         check_batch_size(self.batch_size)

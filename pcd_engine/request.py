@@ -23,8 +23,8 @@ from pcd_engine.budget import PassBudget
 from pcd_engine.cache import Head
 from pcd_engine.checks import check_budget, check_sizes, check_window
 from pcd_engine.compiler import CompiledWave, questions, written_value
-from pcd_engine.correction import MIN_BATCH, content_free
-from pcd_engine.decoding import Decision, Fixed, Strategy, choose_strategy
+from pcd_engine.correction import MIN_BATCH, content_free, correctable, reads_content_free, reads_whole_in_batch
+from pcd_engine.decoding import Decision, Exact, Fixed, Strategy, choose_strategy
 from pcd_engine.errors import LimitError, PromptAlignmentError
 from pcd_engine.generation import OpenRows
 from pcd_engine.limits import RequestLimits, Watch
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PHASES", "Request", "WavePlan", "prefill"]
 
-PHASES = ("tokenize", "prefill", "compile", "forward", "decode", "generate")
+PHASES = ("tokenize", "prefill", "correction", "compile", "forward", "decode", "generate")
 _EMPTY = TreeBatch((), (), (), (), (), ())
 
 
@@ -104,6 +104,7 @@ class Request:
         nodes_saved: Tree nodes a one-pass reading of every wave would have fed beyond :attr:`nodes_scored`.
         stage_passes: Scoring passes spent on later stages of staged waves.
         prefill_passes: Passes spent prefilling the schema head (0 when it was cached).
+        correction_passes: Passes spent reading the content-free lean (0 when the engine had it already).
         generation_passes: Passes spent generating the open rows.
         generated_tokens: Tokens generated for the open rows.
         passes: Forward passes this request took part in, as a batch counts them (see :meth:`result`).
@@ -118,6 +119,8 @@ class Request:
         priors: The calibrator the fields are corrected with (the call's, or the content-free one); ``None`` for
             a batch correction, whose leans come with each wave.
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
+        batched: Opened in a batch of at least :data:`~pcd_engine.correction.MIN_BATCH` documents of its schema
+            under ``"auto"``: the fields auto corrects are read exact and whole, for the batch's lean.
     """
 
     engine: Engine
@@ -137,6 +140,7 @@ class Request:
     nodes_saved: int = 0
     stage_passes: int = 0
     prefill_passes: int = 0
+    correction_passes: int = 0
     generation_passes: int = 0
     generated_tokens: int = 0
     passes: int = 0
@@ -149,6 +153,7 @@ class Request:
     correction: str | None = None
     priors: Calibrator | None = None
     batch_documents: int = 1
+    batched: bool = False
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -161,8 +166,12 @@ class Request:
         document: str,
         *,
         cancelled: Callable[[], bool] | None = None,
+        batched: bool = False,
     ) -> Request:
         """Check the request, tokenize it, and start it on the schema's head (prefilled now if not cached).
+
+        ``batched`` says the request is one of at least :data:`~pcd_engine.correction.MIN_BATCH` documents of its
+        schema and options decided together (see :attr:`batched`).
 
         Raises:
             LimitError: If the request needs more labels, tokens or memory than allowed.
@@ -219,14 +228,19 @@ class Request:
             prompt_tokens=len(ids),
             waves=plan_waves(schema, anchor=bool(call.anchor)),
             prefill_passes=prefill_passes,
+            batched=batched and call.correction == "auto" and call.calibration is None,
         )
         request.phases.update(tokenize=tokenize_ms, prefill=prefill_ms)
         if call.calibration is not None:
             request.correction, request.priors = "calibration", call.calibration
-        elif call.correction in ("content_free", "auto"):  # "auto" in a large enough batch: the batch's lean
+        elif reads_content_free(schema, call, marginal_max_labels=engine.options.marginal_max_labels, batched=batched):
+            # "auto" in a large enough batch takes the batch's lean instead, wave by wave
+            before, tick = backend.thread_passes, time.perf_counter()
             request.correction, request.priors = call.correction, content_free(engine, schema, call)
-        elif call.correction == "batch":
-            request.correction = "batch"
+            request.correction_passes = backend.thread_passes - before
+            request.phases["correction"] = (time.perf_counter() - tick) * 1000
+        elif call.correction in ("batch", "auto"):
+            request.correction = call.correction
         return request
 
     def decide_wave(self, index: int) -> None:
@@ -251,8 +265,10 @@ class Request:
             return WavePlan(index, asked, None, [])
         with self.timed("compile"):
             cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
-            strategies = [self.strategy(q) for _, q in asked]
-            readings = plan_reading(cw, strategies, staging=str(self.call.staging or "auto"), cost=self.pass_cost(cw))
+            strategies = [self.strategy(q, field=spec) for spec, q in asked]
+            whole = [self.batched and self.reads_whole(spec) for spec, _ in asked]
+            staging = str(self.call.staging or "auto")
+            readings = plan_reading(cw, strategies, staging=staging, cost=self.pass_cost(cw), whole=whole)
             search = WaveSearch(readings, cost=self.engine.known_pass_cost)
             self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
             passes = self.tree_passes(cw, search.first())
@@ -320,10 +336,12 @@ class Request:
         wave = self.waves[index]
         decided = self.by_field(asked, decisions)
         options = self.engine.options
-        if self.correction == "batch" and leans is None and decided and self.batch_documents < MIN_BATCH:
+        named = self.correction == "batch" or (self.correction == "auto" and self.batched)
+        if named and leans is None and decided and self.batch_documents < MIN_BATCH:
             note = (
-                f"Correction 'batch': expected at least {MIN_BATCH} documents decided together to estimate the "
-                f"model's lean, but this batch had {self.batch_documents}; the answers are the model's own."
+                f"Correction '{self.correction}': expected at least {MIN_BATCH} documents decided together to "
+                f"estimate the model's lean, but this batch had {self.batch_documents}; the answers are the "
+                "model's own."
             )
             if note not in self.warnings:
                 self.warnings.append(note)
@@ -334,6 +352,8 @@ class Request:
             else:
                 prior = None if self.priors is None else self.priors.field(spec.name)
                 how = "content_free" if self.correction == "auto" else self.correction
+            if prior is not None and not self.correctable(spec, decided.get(spec.name, ())):
+                prior = None  # a staged or walked reading, or a field "auto" leaves as read
             if spec.kind == "multi":
                 self.results[spec.name] = multi_result(
                     spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
@@ -450,6 +470,7 @@ class Request:
             generation_passes=self.generation_passes,
             generated_tokens=self.generated_tokens,
             prefill_passes=self.prefill_passes,
+            correction_passes=self.correction_passes,
             documents_per_pass=tuple(self.documents_per_pass),
             draft_tokens=self.draft_tokens,
             accepted_tokens=self.accepted_tokens,
@@ -479,10 +500,24 @@ class Request:
         self.tail_text += field_line(spec.name, value)
         self.written.add(spec.name)
 
-    def strategy(self, question: FieldSpec) -> Strategy:
-        """One question's strategy under this call's options."""
+    def strategy(self, question: FieldSpec, *, field: FieldSpec | None = None) -> Strategy:
+        """One question's strategy under this call's options (of ``field``: in a :attr:`batched` request the
+        questions of the fields auto corrects are read exact)."""
+        if self.batched and field is not None and self.reads_whole(field):
+            return Exact()
         n = len(question.labels)
         return choose_strategy(n, name=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels)
+
+    def reads_whole(self, spec: FieldSpec) -> bool:
+        """Whether field ``spec`` is read exact and whole when the request is :attr:`batched`."""
+        return reads_whole_in_batch(spec, self.call, marginal_max_labels=self.engine.options.marginal_max_labels)
+
+    def correctable(self, spec: FieldSpec, decisions: Sequence[Decision]) -> bool:
+        """Whether this request's lean may be divided out of field ``spec``'s decisions."""
+        return correctable(
+            spec, decisions, self.call, correction=self.correction,
+            marginal_max_labels=self.engine.options.marginal_max_labels,
+        )  # fmt: skip
 
     def pass_cost(self, wave: CompiledWave) -> Callable[[], PassCost]:
         """The engine's pass cost, measured on this request's state (before its pending tokens) on first use."""

@@ -119,11 +119,13 @@ class ExtractionStats:
     """Where the time went.
 
     Attributes:
-        phases_ms: Milliseconds per phase: ``tokenize``, ``prefill`` (0 when the head cache hit), ``compile``,
-            ``forward``, ``decode``, ``generate`` (open fields) and ``total``.
+        phases_ms: Milliseconds per phase: ``tokenize``, ``prefill`` (0 when the head cache hit), ``correction``
+            (reading the content-free lean; 0 when the engine had it), ``compile``, ``forward``, ``decode``,
+            ``generate`` (open fields) and ``total``.
         prompt_tokens: Tokens in the request's prompt (head, document and tail).
         cached_tokens: Of those, tokens served from the head's KV cache.
-        forward_passes: Forward passes the backend ran for this request, the head prefill included.
+        forward_passes: Forward passes the backend ran for this request, the head prefill and the content-free
+            lean's reading included.
         nodes_scored: Tree nodes fed to the model, over all passes.
         nodes_saved: Tree nodes a one-pass reading of every wave's whole tree would have fed beyond
             ``nodes_scored``: the tails below the identifying tokens of marginal fields, and the tails of labels a
@@ -135,6 +137,8 @@ class ExtractionStats:
         generated_tokens: Tokens generated over all open fields.
         prefill_passes: Of ``forward_passes``, those that prefilled the schema head (0 when its cache hit; more
             than 1 when the memory budget split a long head into chunks).
+        correction_passes: Of ``forward_passes``, those that read the schema's content-free lean
+            (:mod:`pcd_engine.correction`; 0 when the engine had it already, or the call has no such correction).
         documents_per_pass: For each scoring pass of the request, how many documents shared it (1 when it ran
             alone; more in a batch of :meth:`~pcd_engine.engine.Engine.extract_many`).
         draft_tokens: Tokens the open rows proposed from the document (checked in the rows' own passes; see
@@ -153,6 +157,7 @@ class ExtractionStats:
     generation_passes: int = 0
     generated_tokens: int = 0
     prefill_passes: int = 0
+    correction_passes: int = 0
     documents_per_pass: tuple[int, ...] = ()
     draft_tokens: int = 0
     accepted_tokens: int = 0
@@ -230,6 +235,7 @@ class ExtractionResult:
             "generation_passes": s.generation_passes,
             "generated_tokens": s.generated_tokens,
             "prefill_passes": s.prefill_passes,
+            "correction_passes": s.correction_passes,
             "documents_per_pass": list(s.documents_per_pass),
             "draft_tokens": s.draft_tokens,
             "accepted_tokens": s.accepted_tokens,

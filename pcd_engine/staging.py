@@ -181,7 +181,12 @@ def _saving(reading: QuestionReading, packed: frozenset[int]) -> tuple[float, fl
 
 
 def plan_reading(
-    wave: CompiledWave, strategies: Sequence[Strategy], *, staging: str, cost: Callable[[], PassCost | None]
+    wave: CompiledWave,
+    strategies: Sequence[Strategy],
+    *,
+    staging: str,
+    cost: Callable[[], PassCost | None],
+    whole: Sequence[bool] = (),
 ) -> tuple[QuestionReading, ...]:
     """How each question of ``wave`` is read under ``staging`` (``"auto"``, ``"one_pass"`` or ``"staged"``).
 
@@ -195,12 +200,15 @@ def plan_reading(
         staging: The call's staging.
         cost: Gives the pass cost; called only under ``"auto"`` when some question could be staged (it may time
             passes). ``None`` from it reads in one pass.
+        whole: Per question, whether it is read in one pass whatever ``staging`` says (a question whose whole
+            distribution a lean correction needs); missing entries are False.
 
     Returns:
         One reading per question.
     """
     plain = tuple(_reading(t, s, staged=False) for t, s in zip(wave.fields, strategies, strict=True))
-    eligible = [i for i, r in enumerate(plain) if r.reads_tails and any(r.tails)]
+    kept = set(i for i, w in enumerate(whole) if w)
+    eligible = [i for i, r in enumerate(plain) if r.reads_tails and any(r.tails) and i not in kept]
     if staging == "one_pass" or not eligible:
         return plain
     if staging == "staged":

@@ -319,7 +319,8 @@ def order_status_engine(tokenizer: Any, final: str) -> Any:
     order number the user gave until the tool's result is in the conversation, then picks ``final``."""
     from pcd_engine import Engine
 
-    return Engine(OracleBackend(tokenizer, ScriptedLM(tokenizer, _order_status_wants(final))))
+    # The script is the model's own answer: decided as written (a lean read on content-free text would move it).
+    return Engine(OracleBackend(tokenizer, ScriptedLM(tokenizer, _order_status_wants(final))), correction="none")
 
 
 class OraclePrefix(Prefix):

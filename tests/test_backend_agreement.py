@@ -44,8 +44,9 @@ def test_logprobs_agree(twins, preset):
 
 @pytest.mark.parametrize("anchor", [True, False])
 def test_decisions_agree(twins, anchor):
-    torch_out = Engine(twins[0], anchor=anchor).extract(TEXT, SHARED_PREFIXES)
-    mlx_out = Engine(twins[1], anchor=anchor).extract(TEXT, SHARED_PREFIXES)
+    # the model's own decisions: a lean correction on a tiny random model amplifies float rounding
+    torch_out = Engine(twins[0], anchor=anchor, correction="none").extract(TEXT, SHARED_PREFIXES)
+    mlx_out = Engine(twins[1], anchor=anchor, correction="none").extract(TEXT, SHARED_PREFIXES)
     assert mlx_out.values == torch_out.values
     assert mlx_out.stats.forward_passes == torch_out.stats.forward_passes
     for name, field in torch_out.fields.items():
@@ -67,8 +68,8 @@ def test_more_architectures_agree(more_twins):
     mlx_run = packed_logprobs(more_twins[1], SHARED_PREFIXES)
     assert torch_run["context"] == mlx_run["context"]
     np.testing.assert_allclose(mlx_run["logprobs"], torch_run["logprobs"], atol=1e-4, rtol=0)
-    assert Engine(more_twins[1]).extract(TEXT, SHARED_PREFIXES).values == (
-        Engine(more_twins[0]).extract(TEXT, SHARED_PREFIXES).values
+    assert Engine(more_twins[1], correction="none").extract(TEXT, SHARED_PREFIXES).values == (
+        Engine(more_twins[0], correction="none").extract(TEXT, SHARED_PREFIXES).values
     )
 
 
@@ -91,7 +92,7 @@ def test_smollm2_agrees_on_the_example_presets(mlx_engine, smol_alone, record_pr
     for name in MLX_PRESETS:
         preset = example_preset(name)
         torch_out = smol_alone(preset.context, preset.schema)
-        mlx_out = mlx_engine.extract(preset.context, preset.schema)
+        mlx_out = mlx_engine.extract(preset.context, preset.schema, correction="none")  # as smol_alone reads
         total += len(torch_out.values)
         same += sum(mlx_out.values[k] == v for k, v in torch_out.values.items())
     record_property("identical_fields", f"{same}/{total}")

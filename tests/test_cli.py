@@ -152,7 +152,9 @@ def test_run_preset_prints_every_field(capsys, tiny):
     assert [r[0] for r in rows] == [f.name for f in preset.schema.fields]
     for row, spec in zip(rows, preset.schema.fields, strict=True):
         assert json.loads(row[1]) in spec.values
-        assert 0.0 <= float(row[2]) <= 1.0
+        corrected, *raw = row[2].split(" (raw ")  # the default correction shows the model's own figure beside
+        assert 0.0 <= float(corrected) <= 1.0
+        assert 0.0 <= float(raw[0].rstrip(")")) <= 1.0 if raw else len(spec.labels) < 2
     assert "forward passes" in out
 
 
@@ -376,14 +378,14 @@ def test_eval_corrections_are_methods_equal_to_extract_many_with_each(capsys, ti
     code, out, _ = run(capsys, "eval", tiny, str(data), "--field", "topic", "--corrections", "all", "--backend",
                        "torch", "--json", str(raw), "-q")  # fmt: skip
     assert code == 0, out
-    names = ["pcd", *(f"pcd, correction={c}" for c in ("batch", "content_free", "auto"))]
+    names = ["pcd", *(f"pcd, correction={c}" for c in ("none", "batch", "content_free"))]  # pcd's own: auto
     assert [r[0] for r in table_rows(out, "method")] == names
     report = json.loads(raw.read_text())["report"]
     engine = Engine.shared(tiny, backend="torch")
     assert report["gold"] == [d["label"] for d in docs]  # the whole file, in order
     schema = eval_schema("topic", report["gold"])
     for method in report["methods"]:
-        correction = method["method"].partition("correction=")[2] or "none"
+        correction = method["method"].partition("correction=")[2] or "auto"
         got = engine.extract_many([d["text"] for d in docs], schema, correction=correction)
         assert method["predictions"] == [r.values["topic"] for r in got], correction
     code, _, err = run(capsys, "eval", tiny, str(data), "--field", "topic", "--corrections", "batch,bogus", "-q")

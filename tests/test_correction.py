@@ -12,7 +12,7 @@ import pcd_engine.engine as engine_module
 from pcd_engine import Engine, compile_schema
 from pcd_engine.calibration import Calibrator
 from pcd_engine.correction import CONTENT_FREE_TEXTS, MIN_BATCH, field_rows
-from pcd_engine.errors import OptionError
+from pcd_engine.errors import ContextError, OptionError
 from tests.support import OracleBackend, OracleLM
 from tests.test_calibration import SCHEMA  # closed fields of every kind, one-label, and an open one
 
@@ -25,9 +25,12 @@ def texts(n: int, seed: int = 0) -> list[str]:
     return [f"Ticket {i}: " + " ".join(rng.choice(WORDS) for _ in range(6)) + "." for i in range(n)]
 
 
-def engine(smol_tokenizer, *, anchor: bool) -> Engine:
+def engine(smol_tokenizer, *, anchor: bool, correction: str = "none") -> Engine:
     # The last 40 tokens (the tail and the end of the document) seed each distribution: every document differs.
-    return Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer), window=40)), anchor=anchor)
+    # The engine's default is "none" here, so that the raw references are the model's own; each test names the
+    # correction it checks (test_the_engine_default_is_auto checks the real default).
+    lm = OracleLM(len(smol_tokenizer), window=40)
+    return Engine(OracleBackend(smol_tokenizer, lm), anchor=anchor, correction=correction)
 
 
 def rows_of(results, names) -> dict[str, list[list[float]]]:
@@ -148,20 +151,115 @@ def test_content_free_correction_equals_calibrating_on_the_content_free_inputs_o
 
 
 def test_auto_is_the_batch_lean_in_a_batch_and_the_content_free_one_alone(smol_tokenizer):
-    eng = engine(smol_tokenizer, anchor=True)
+    """``"auto"`` corrects the single-choice fields: in a batch of :data:`MIN_BATCH` documents it reads them exact
+    and whole and divides out the batch's EM lean (no content-free reading); alone and in smaller batches it keeps
+    the plain call's marginal reading and divides out the content-free lean, read the same way. Multi-label flags
+    are decided as read."""
+    eng = engine(smol_tokenizer, anchor=False)
     docs = texts(MIN_BATCH, seed=10)
+    single = [n for n in CLOSED if n != "tags"]
+    schema = compile_schema(SCHEMA)
     auto = eng.extract_many(docs, SCHEMA, correction="auto")
-    batch = eng.extract_many(docs, SCHEMA, correction="batch")
-    for a, b in zip(auto, batch, strict=True):
-        assert a.values == b.values
-        assert all(a.fields[n].lean == b.fields[n].lean and a.fields[n].correction == "batch" for n in CLOSED)
+    whole = eng.extract_many(docs, SCHEMA, correction="none", strategy="exact", staging="one_pass")
+    plain = eng.extract_many(docs, SCHEMA, correction="none")
+    cal = Calibrator.from_distributions(schema, rows_of(whole, single), model=eng.model_id, method="em")
+    for text, a, p in zip(docs, auto, plain, strict=True):
+        want = eng.extract(text, SCHEMA, calibration=cal)
+        assert a.stats.correction_passes == 0
+        for n in single:
+            assert a.fields[n].value == want.fields[n].value and a.fields[n].method == "exact", n
+            assert a.fields[n].probability == pytest.approx(want.fields[n].probability, abs=1e-12), n
+            assert a.fields[n].lean == pytest.approx(want.fields[n].lean, abs=1e-12), n
+            assert a.fields[n].correction == "batch", n
+        assert a.fields["tags"].correction is None and a.values["tags"] == p.values["tags"]
     few = eng.extract_many(docs[:3], SCHEMA, correction="auto")
-    alone = [eng.extract(t, SCHEMA, correction="content_free") for t in docs[:3]]
-    for a, b in zip(few, alone, strict=True):
-        assert a.values == b.values and not any("Correction" in w for w in a.warnings)
-        assert all(a.fields[n].correction == "content_free" and a.fields[n].lean == b.fields[n].lean for n in CLOSED)
+    marginal = Calibrator.fit(eng, CONTENT_FREE_TEXTS, SCHEMA, method="mean", options={"strategy": "marginal"})
+    for text, a, p in zip(docs[:3], few, plain[:3], strict=True):
+        want = eng.extract(text, SCHEMA, calibration=marginal, strategy="marginal")
+        assert not any("Correction" in w for w in a.warnings)
+        for n in single:
+            assert a.fields[n].value == want.fields[n].value and a.fields[n].method == "marginal", n
+            assert a.fields[n].probability == pytest.approx(want.fields[n].probability, abs=1e-12), n
+            assert a.fields[n].correction == "content_free", n
+        assert a.fields["tags"].correction is None and a.values["tags"] == p.values["tags"]
     one = eng.extract(docs[0], SCHEMA, correction="auto")
-    assert one.values == alone[0].values and one.fields["deadline"].correction == "content_free"
+    assert one.values == few[0].values and one.fields["deadline"].correction == "content_free"
+    assert one.fields["deadline"].lean == pytest.approx(marginal.field("deadline").bias, abs=1e-12)
+
+
+def test_auto_leaves_a_large_label_set_to_its_cost_planned_reading(smol_tokenizer):
+    """Above ``marginal_max_labels`` the default reading is the trie walk, staged where it pays: ``"auto"``
+    decides that field as read (what ``"none"`` decides, nothing read whole), while it corrects the small ones;
+    a correction named outright reads the large field whole and corrects it too. Under ``"auto"`` an exact
+    reading is left as read as well (staged or not, the same decision), and a call with no marginal field reads
+    no content-free lean."""
+    labels = [f"item_{i:02d}" for i in range(40)]
+    schema = {**SCHEMA, "item": {"type": "enum", "choices": labels}}
+    eng = engine(smol_tokenizer, anchor=False)
+    text = texts(1, seed=11)[0]
+    auto = eng.extract(text, schema, correction="auto")
+    raw = eng.extract(text, schema, correction="none")
+    item = auto.fields["item"]
+    assert item.method == "trie_walk" and item.correction is None and item.raw_probability is None
+    assert item.value == raw.fields["item"].value and item.probability == raw.fields["item"].probability
+    assert auto.stats.nodes_scored == raw.stats.nodes_scored  # the same reading
+    assert all(auto.fields[n].correction == "content_free" for n in ("deadline", "carrier"))
+    named = eng.extract(text, schema, correction="content_free")
+    assert named.fields["item"].method == "exact" and named.fields["item"].correction == "content_free"
+    for staging in ("one_pass", "staged"):
+        exact = eng.extract(text, schema, correction="auto", strategy="exact", staging=staging)
+        assert exact.stats.correction_passes == 0  # no field auto corrects: nothing to read
+        assert all(f.correction is None for f in exact.fields.values())
+        assert exact.values == eng.extract(text, schema, correction="none", strategy="exact").values
+    docs = texts(MIN_BATCH, seed=13)
+    batch = eng.extract_many(docs, schema, correction="auto")
+    raw = eng.extract_many(docs, schema, correction="none")
+    for b, r in zip(batch, raw, strict=True):
+        assert b.fields["item"].method == "trie_walk" and b.fields["item"].correction is None
+        assert b.fields["item"].value == r.fields["item"].value
+        assert b.fields["deadline"].method == "exact" and b.fields["deadline"].correction == "batch"
+
+
+def test_auto_in_a_batch_that_lost_documents_is_decided_raw_and_says_so(smol_tokenizer):
+    """Sixteen documents open as a batch (read whole for its lean); one fails, so fifteen are left to estimate it
+    on: they are decided as read, with a warning, not with a lean from too few documents."""
+    eng = engine(smol_tokenizer, anchor=False)
+    docs = [*texts(MIN_BATCH - 1, seed=14), "   "]
+    got = eng.extract_many(docs, SCHEMA, correction="auto", return_exceptions=True)
+    assert isinstance(got[-1], ContextError)
+    raw = eng.extract_many(docs[:-1], SCHEMA, correction="none", strategy="exact", staging="one_pass")
+    for r, o in zip(got[:-1], raw, strict=True):
+        assert all(r.values[n] == o.values[n] for n in ("urgent", "deadline", "carrier"))  # read whole, as read
+        assert all(f.correction is None for f in r.fields.values())
+        assert any(f"Correction 'auto': expected at least {MIN_BATCH}" in w for w in r.warnings)
+
+
+def test_the_engine_default_is_auto(smol_tokenizer):
+    eng = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer), window=40)), anchor=True)
+    assert eng.options.correction == "auto" and eng.resolve().correction == "auto"
+    text = texts(1, seed=12)[0]
+    default = eng.extract(text, SCHEMA)
+    data = default.to_json()
+    assert data["stats"]["correction_passes"] == default.stats.correction_passes >= 1  # the lean, read once
+    assert data["fields"]["deadline"]["correction"] == "content_free" and len(data["fields"]["deadline"]["lean"]) == 4
+    assert default.values == eng.extract(text, SCHEMA, correction="auto").values
+    assert default.fields["deadline"].correction == "content_free"
+    assert default.fields["deadline"].raw_probability is not None
+    off = eng.extract(text, SCHEMA, correction="none")
+    assert all(f.correction is None and f.raw_probability is None for f in off.fields.values())
+
+
+def test_full_distribution_only_for_labels_read_whole():
+    from pcd_engine.correction import full_distribution
+    from pcd_engine.decoding import Decision
+
+    def made(method: str, bounded: int = 0) -> Decision:
+        return Decision(label=0, probabilities=(0.6, 0.4), candidate_mass=0.9, method=method, bounded=bounded)
+
+    assert full_distribution([made("marginal")]) and full_distribution([made("exact"), made("exact")])
+    assert not full_distribution([made("exact", bounded=3)])  # a staged reading's bounds
+    assert not full_distribution([made("trie_walk")]) and not full_distribution([made("fixed")])
+    assert not full_distribution([])
 
 
 def test_a_fitted_calibration_wins_over_any_correction(smol_tokenizer):

@@ -1,7 +1,9 @@
 """Every decoding strategy, run through the whole engine, equals brute-force enumeration on an oracle LM.
 
 The brute force never sees the trie, the packing or the backend: it tokenizes each complete prompt + JSON line
-as one text, and asks the oracle for each token's probability given everything before it.
+as one text, and asks the oracle for each token's probability given everything before it. The engines decide with
+the model's own distributions (``correction="none"``): the corrections are checked against the re-weighted brute
+force in test_correction and test_calibration.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def oracle(smol_tokenizer):
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
 def test_strategies_equal_brute_force(oracle, smol_tokenizer, strategy, temperature):
     lm, backend = oracle
-    engine = Engine(backend, anchor=False)
+    engine = Engine(backend, anchor=False, correction="none")
     out = engine.extract(TEXT, PRESET, strategy=strategy, temperature=temperature)
     schema = compile_schema(PRESET)
     prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
@@ -65,7 +67,7 @@ def test_strategies_equal_brute_force(oracle, smol_tokenizer, strategy, temperat
 
 def test_anchor_wave_sees_the_written_answer(oracle, smol_tokenizer):
     lm, backend = oracle
-    out = Engine(backend, anchor=True).extract(TEXT, PRESET, strategy="exact")
+    out = Engine(backend, anchor=True, correction="none").extract(TEXT, PRESET, strategy="exact")
     schema = compile_schema(PRESET)
     prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
     first = schema.fields[0]
@@ -81,7 +83,7 @@ def test_anchor_wave_sees_the_written_answer(oracle, smol_tokenizer):
 
 def test_temperature_never_changes_the_winner(oracle):
     _, backend = oracle
-    engine = Engine(backend, anchor=False)
+    engine = Engine(backend, anchor=False, correction="none")
     runs = [engine.extract(TEXT, PRESET, temperature=t) for t in (0.1, 1.0, 5.0)]
     assert all(r.values == runs[0].values for r in runs)
     cold, _, hot = (r.fields["deadline"].probability for r in runs)
@@ -91,21 +93,21 @@ def test_temperature_never_changes_the_winner(oracle):
 def test_passes_per_request(oracle):
     _, backend = oracle
     preset = {**PRESET, "after": {"type": "boolean", "depends_on": ["tone"]}}
-    engine = Engine(backend, anchor=False)
+    engine = Engine(backend, anchor=False, correction="none")
     engine.extract(TEXT, PRESET)  # head prefill happens once
     backend.passes.clear()
     out = engine.extract(TEXT, PRESET)
     assert out.stats.forward_passes == 1 and len(backend.passes) == 1
     assert backend.passes[0][0] > 10  # the document rides in the same pass as the tree
-    assert Engine(backend, anchor=False).extract(TEXT, preset).stats.waves == 2
-    anchored = Engine(backend).extract(TEXT, preset)
+    assert Engine(backend, anchor=False, correction="none").extract(TEXT, preset).stats.waves == 2
+    anchored = Engine(backend, correction="none").extract(TEXT, preset)
     assert anchored.stats.waves == 3 and anchored.fields["after"].wave == 2
 
 
 def test_memory_budget_splits_passes_with_the_same_answers(oracle):
     _, backend = oracle
-    whole = Engine(backend, anchor=False).extract(TEXT, PRESET)
-    split = Engine(backend, anchor=False, memory_budget_mb=0.05).extract(TEXT, PRESET)
+    whole = Engine(backend, anchor=False, correction="none").extract(TEXT, PRESET)
+    split = Engine(backend, anchor=False, memory_budget_mb=0.05, correction="none").extract(TEXT, PRESET)
     assert split.stats.forward_passes > whole.stats.forward_passes
     assert split.values == whole.values
     for name in whole.values:
@@ -115,7 +117,7 @@ def test_memory_budget_splits_passes_with_the_same_answers(oracle):
 def test_dependent_wave_sees_anchor_and_its_dependencies_only(oracle, smol_tokenizer):
     lm, backend = oracle
     preset = {**PRESET, "after": {"type": "boolean", "depends_on": ["tone"]}}
-    out = Engine(backend, anchor=True).extract(TEXT, preset, strategy="exact")
+    out = Engine(backend, anchor=True, correction="none").extract(TEXT, preset, strategy="exact")
     schema = compile_schema(preset)
     prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
 
@@ -146,7 +148,7 @@ def test_multi_label_equals_brute_force(oracle, smol_tokenizer):
     from pcd_engine.compiler import questions
 
     lm, backend = oracle
-    engine = Engine(backend, anchor=False)
+    engine = Engine(backend, anchor=False, correction="none")
     engine.extract(TEXT, MULTI)  # the head's prefill is its own pass
     out = engine.extract(TEXT, MULTI, temperature=1.0)
     schema = compile_schema(MULTI)
@@ -177,7 +179,7 @@ def test_multi_label_answer_is_written_as_flags(oracle, smol_tokenizer):
     """As the anchor, a multi-label field is written into the prompt the way the instructions describe it."""
     lm, backend = oracle
     preset = {"tags": MULTI["tags"], "urgent": {"type": "boolean"}}
-    out = Engine(backend, anchor=True).extract(TEXT, preset, strategy="exact")
+    out = Engine(backend, anchor=True, correction="none").extract(TEXT, preset, strategy="exact")
     schema = compile_schema(preset)
     prompt = ChatPrompt.build(TokenizerView(smol_tokenizer), schema)
     flags = {str(v): v in out.values["tags"] for v in schema.field("tags").values}
@@ -211,7 +213,7 @@ def test_open_fields_equal_greedy_constrained_brute_force(oracle, smol_tokenizer
     """Each open row writes exactly what plain greedy generation under its JSON Schema writes after the prompt,
     the closed answers and its key; rows never see each other."""
     lm, backend = oracle
-    engine = Engine(backend, anchor=False, max_tokens=10)
+    engine = Engine(backend, anchor=False, max_tokens=10, correction="none")
     engine.extract(TEXT, OPEN)  # the head's prefill is its own pass
     out = engine.extract(TEXT, OPEN)
     schema = compile_schema(OPEN)

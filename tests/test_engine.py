@@ -63,7 +63,8 @@ def test_result_shape(engine):
     stats = out.stats
     assert stats.prompt_tokens > stats.cached_tokens > 0
     assert stats.nodes_scored > 0 and stats.waves == 2
-    assert set(stats.phases_ms) == {"tokenize", "prefill", "compile", "forward", "decode", "generate", "total"}
+    phases = {"tokenize", "prefill", "correction", "compile", "forward", "decode", "generate", "total"}
+    assert set(stats.phases_ms) == phases
     assert stats.generation_passes == stats.generated_tokens == 0 and stats.phases_ms["generate"] == 0
 
 
@@ -186,10 +187,14 @@ def test_head_cache_is_bounded_and_reused(smol_tokenizer, engine):
     other = {"x": {"type": "boolean"}}
     first = small.extract(TEXT, Ticket)
     again = small.extract(TEXT, Ticket)
-    assert first.stats.forward_passes == again.stats.forward_passes + 1  # the head prefill is not repeated
+    assert first.stats.prefill_passes == 1 and first.stats.correction_passes >= 1  # the head; its content-free lean
+    # neither the head prefill nor the lean's reading is repeated
+    assert first.stats.forward_passes == again.stats.forward_passes + 1 + first.stats.correction_passes
+    assert again.stats.prefill_passes == again.stats.correction_passes == 0
     small.extract(TEXT, other)
     evicted = small.extract(TEXT, Ticket)
-    assert evicted.stats.forward_passes == first.stats.forward_passes
+    assert evicted.stats.prefill_passes == 1 and evicted.stats.correction_passes == 0  # the lean is kept apart
+    assert evicted.stats.forward_passes == again.stats.forward_passes + 1
     assert again.values == first.values
 
 
@@ -204,7 +209,8 @@ def test_real_chat_templates(name):
     backend = TorchBackend(tiny_model(arch, len(tokenizer)), tokenizer)
     engine = Engine(backend, anchor=False)
     out = engine.extract(TEXT, Ticket)
-    assert out.stats.forward_passes == 2  # head prefill + one pass
+    # head prefill + one pass; the content-free lean (three texts) was read in one batched pass before it
+    assert out.stats.forward_passes - out.stats.correction_passes == 2 and out.stats.correction_passes == 1
     tv = TokenizerView(tokenizer)
     schema = compile_schema(Ticket)
     prompt = ChatPrompt.build(tv, schema)

@@ -137,7 +137,7 @@ class ModelLM:
 def check(backend: Any, schema_dict: dict[str, Any], strategy: str | None, anchor: bool) -> None:
     tokenizer = backend.tokenizer
     schema = compile_schema(schema_dict)
-    out = Engine(backend, anchor=anchor).extract(TEXT, schema, strategy=strategy)
+    out = Engine(backend, anchor=anchor, correction="none").extract(TEXT, schema, strategy=strategy)  # as read
     prompt = ChatPrompt.build(TokenizerView(tokenizer), schema)
     base = prompt.prefix_text + TEXT + prompt.suffix_text
     scored = [f for f in schema.fields if f.scored]

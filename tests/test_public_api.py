@@ -297,7 +297,10 @@ MODULE_ALL = {
         "PromptFormat",
         "check_batch_size",
     ],
-    "pcd_engine.batch": ["Batch", "Document", "Member", "fits", "groups", "row_groups", "run_batch"],
+    "pcd_engine.batch": [
+        *("Batch", "Document", "Member", "fits", "groups", "lean_key", "open_batch", "read_batch", "row_groups"),
+        "run_batch",
+    ],
     "pcd_engine.lru": ["LRU"],
     "pcd_engine.calls": [
         "ANSWER",
@@ -313,7 +316,9 @@ MODULE_ALL = {
     "pcd_engine.alignment": ["AlignedLines", "align_lines", "common_prefix", "tail_tokens"],
     "pcd_engine.cache": ["CompileCache", "Head"],
     "pcd_engine.correction": [
-        *("CONTENT_FREE_TEXTS", "CORRECTION_WINDOW", "MIN_BATCH", "batch_priors", "content_free", "field_rows"),
+        *("CONTENT_FREE_TEXTS", "CORRECTION_WINDOW", "MIN_BATCH", "auto_corrects", "batch_priors", "content_free"),
+        "correctable",
+        *("field_rows", "full_distribution", "reads_content_free", "reads_whole_in_batch"),
     ],
     "pcd_engine.schema": [
         "MAX_INT_LABELS",

@@ -619,8 +619,8 @@ def _with_decoding(p: argparse.ArgumentParser) -> None:
         default=None,
         choices=CORRECTIONS,
         help="divide out the model's label lean: estimated on the documents decided together (batch), on "
-        "content-free inputs (content_free), batch where 16 or more are decided together else content_free "
-        "(auto), or not at all (none; the engine's default today)",
+        "content-free inputs (content_free), batch where 16 or more are decided together else content_free, on "
+        "the fields read whole anyway (auto, the default), or not at all (none: the model's own decisions)",
     )
 
 
@@ -678,7 +678,8 @@ def _add_eval(sub: Any) -> None:
         "--corrections",
         default="",
         metavar="LIST",
-        help="also pcd with each of these lean corrections, comma-separated (batch, content_free, auto; or all)",
+        help="also pcd with each of these lean corrections, comma-separated (none, batch, content_free, auto; or "
+        "all; the one pcd's own row uses is not repeated)",
     )
     _with_decoding(p)
     p.set_defaults(func=cmd_eval)

@@ -185,13 +185,14 @@ def evaluate(
         calibrations: More methods, by name: pcd with each :class:`~pcd_engine.calibration.Calibrator` (fitted
             on this schema and model), run as pcd is.
         corrections: More methods: pcd with each lean correction of
-            :data:`~pcd_engine.options.CORRECTIONS` (named ``"pcd, correction=batch"``, ...). With any, every pcd
-            method decides the documents in chunks of :data:`~pcd_engine.correction.CORRECTION_WINDOW`, the
-            batch a ``"batch"`` correction estimates its lean on.
+            :data:`~pcd_engine.options.CORRECTIONS` (named ``"pcd, correction=none"``, ...), leaving out the one
+            pcd's own row already uses (the call's ``correction``, else the engine's default).
         **extract_options: Passed to ``engine.extract_many`` (``strategy``, ``anchor``, ``temperature``).
 
-    pcd decides the documents in batches of :meth:`Engine.batch_size` (one pass per wave for a batch); its time
-    per document is its batch's time divided by the batch's size. Baselines run one document at a time.
+    Every pcd method decides the documents in chunks of :data:`~pcd_engine.correction.CORRECTION_WINDOW`, each
+    one :meth:`Engine.extract_many` call (one pass per wave for a batch of :meth:`Engine.batch_size`; the batch a
+    ``"batch"`` or ``"auto"`` correction estimates its lean on); its time per document is its chunk's time divided
+    by the chunk's size. Baselines run one document at a time.
 
     Returns:
         The report: pcd first, then each baseline.
@@ -200,13 +201,16 @@ def evaluate(
     if max_chars is not None and max_chars < 1:
         raise OptionError(f"max_chars: expected a positive number, but got {max_chars}.")
     calibrated = dict(calibrations or {})
-    corrected = {f"pcd, correction={c}": c for c in corrections}
+    own = extract_options.get("correction") or engine.options.correction
+    corrected = {f"pcd, correction={c}": c for c in corrections if c != own}
     methods = ("pcd", *calibrated, *corrected, *against)
     preds: dict[str, list[str]] = {m: [] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
     probabilities: dict[str, list[float]] = {m: [] for m in methods}
     engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
-    size = max(engine.batch_size(), CORRECTION_WINDOW) if corrected else engine.batch_size()
+    # chunks as large as a batch correction's window: pcd's own row (the default "auto") and the corrected ones
+    # decide each chunk as one extract_many, as a user's batch call would
+    size = max(engine.batch_size(), CORRECTION_WINDOW)
     runs = {"pcd": extract_options, **{name: {**extract_options, "calibration": c} for name, c in calibrated.items()}}
     runs.update({name: {**extract_options, "correction": c} for name, c in corrected.items()})
     for first in range(0, len(docs), size):
@@ -244,13 +248,13 @@ def evaluate(
 
 
 def parse_corrections(text: str | None) -> tuple[str, ...]:
-    """Parse ``--corrections``: comma-separated names from :data:`~pcd_engine.options.CORRECTIONS` other than
-    ``none`` (which is pcd's own row), ``all`` for every one, or empty for none.
+    """Parse ``--corrections``: comma-separated names from :data:`~pcd_engine.options.CORRECTIONS` (``none`` is
+    the model's own decisions), ``all`` for every one, or empty for none.
 
     Raises:
         OptionError: If a name is unknown.
     """
-    offered = tuple(c for c in CORRECTIONS if c != "none")
+    offered = CORRECTIONS
     if not text or not text.strip():
         return ()
     names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
