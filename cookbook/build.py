@@ -70,16 +70,17 @@ out.model""",
         """Every key is there and every value is allowed, whatever the model. Whether the values are *right* depends
 on the model: SmolLM2-135M is tiny (it is here because it ships offline) and misreads this angry ticket. Left to
 itself it calls it `POSITIVE`, the first label listed; pcd divides that lean out by default, and what is left is a
-weak model's evidence. For real work load a larger model, e.g. `Engine.load("qwen2.5-1.5b")`. `values` is a plain dict in schema order,
-with real booleans and enum values:""",
+weak model's evidence. For real work load a larger model, e.g. `Engine.load("qwen2.5-1.5b")`. `values` is a plain
+dict in schema order, with real booleans and enum values:""",
     ),
     ("code", "out.values"),
     (
         "md",
         """Each field carries its evidence. `probability` is the model's belief renormalized over the allowed labels,
 after the default correction of its label lean (`raw_probability` is the model's own, `correction` says which
-lean was divided out, `correction="none"` turns it off); `candidate_mass` is the unconstrained probability that the model's own continuation reaches an allowed label at
-all (low means it wanted to write something else). Neither is a calibrated confidence.""",
+lean was divided out, `correction="none"` turns it off); `candidate_mass` is the unconstrained probability that
+the model's own continuation reaches an allowed label at all (low means it wanted to write something else).
+Neither is a calibrated confidence.""",
     ),
     (
         "code",
@@ -471,9 +472,10 @@ if flagged is not None:
     (
         "md",
         """**What the correction and calibration can promise:** on documents like the ones the lean was read from,
-the model's habit of picking certain labels is divided out, so decisions follow the document, and answers depend much less on the order the
-labels are listed in (on 200 BBC articles: accuracy 37.0% -> 57.5% fitted on other articles, 59.0% on the same
-ones; the same answer under reversed label order for 18.0% -> 75.5% of them; `benchmarks/RESULTS.md`).
+the model's habit of picking certain labels is divided out, so decisions follow the document, and answers depend
+much less on the order the labels are listed in (on 200 BBC articles: accuracy 37.0% -> 57.5% fitted on other
+articles, 59.0% on the same ones; the same answer under reversed label order for 18.0% -> 75.5% of them;
+`benchmarks/RESULTS.md`).
 
 **What it cannot:** it does not make the model know more; it cannot fix a document the model misreads, only a lean
 shared by all documents. Fitted on one kind of document, it can hurt on another (refit when the input changes).
