@@ -50,9 +50,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pcd_engine import Engine  # noqa: E402
-from pcd_engine.calibration import em_bias, mean_prior  # noqa: E402
-from pcd_engine.compiler import compile_wave  # noqa: E402
-from pcd_engine.prompt import ChatPrompt  # noqa: E402
+from pcd_engine.calibrate.calibrator import em_bias, mean_prior  # noqa: E402
+from pcd_engine.decide.compiler import compile_wave  # noqa: E402
+from pcd_engine.prompt.chat_prompt import ChatPrompt  # noqa: E402
 from pcd_engine.tools.datasets import classification_metrics, load_dataset  # noqa: E402
 from pcd_engine.tools.eval import eval_schema  # noqa: E402
 from pcd_engine.tools.terminal import table, versions  # noqa: E402
@@ -79,7 +79,7 @@ def divided(row: Sequence[float], bias: Sequence[float]) -> list[float]:
 
 
 def em_numpy(rows: np.ndarray, iterations: int = 500, tolerance: float = 1e-9) -> np.ndarray:
-    """:func:`pcd_engine.calibration.em_bias` with a uniform target, vectorised (the running estimate calls it
+    """:func:`pcd_engine.calibrate.calibrator.em_bias` with a uniform target, vectorised (the running estimate calls it
     once per document); checked against it on every dataset before use."""
     bias = rows.mean(axis=0)
     goal = 1.0 / rows.shape[1]

@@ -41,9 +41,10 @@ if os.environ.get("MALLOC_MMAP_THRESHOLD_") is None and "--no-reexec" not in sys
 import torch  # noqa: E402
 
 from benchmarks.common import floor_ms, median_ms, one_wave  # noqa: E402
-from pcd_engine import Engine, generate_baseline, load_preset  # noqa: E402
+from pcd_engine import Engine, load_preset  # noqa: E402
 from pcd_engine.backends.torch import TorchBackend  # noqa: E402
 from pcd_engine.schema import compile_schema  # noqa: E402
+from pcd_engine.tools.baseline import generate_baseline  # noqa: E402
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
 
 RANDOM_CONFIGS = {

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pcd_engine import Engine  # noqa: E402
-from pcd_engine.calibration import em_bias, reweight  # noqa: E402
+from pcd_engine.calibrate.calibrator import em_bias, reweight  # noqa: E402
 from pcd_engine.schema.presets import load_preset  # noqa: E402
 from pcd_engine.tools.datasets import classification_metrics, load_dataset  # noqa: E402
 from pcd_engine.tools.eval import eval_schema  # noqa: E402

@@ -2,7 +2,7 @@
 
 For each of 8 requests (one per tool), in one run on the same model:
 
-* ``pcd``: :func:`pcd_engine.calls.decide_tools` with ``choice="required"``: the tool is one closed question
+* ``pcd``: :func:`pcd_engine.tool_calls.decide_tools` with ``choice="required"``: the tool is one closed question
   decided in one pass, then the chosen tool's arguments are filled as its schema;
 * ``AR``: the same model writes the call token by token (greedy), the way a chat model without constrained
   decoding does: the tools are listed as JSON in the system turn (the model's own ``apply_chat_template(tools=...)``
@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT))
 import jsonschema  # noqa: E402
 
 from pcd_engine import ChatMessage, Engine  # noqa: E402
-from pcd_engine.calls import Tool, decide_tools  # noqa: E402
-from pcd_engine.chat import chat_prompt_ids  # noqa: E402
+from pcd_engine.generate.free_text import chat_prompt_ids  # noqa: E402
+from pcd_engine.tool_calls import Tool, decide_tools  # noqa: E402
 from pcd_engine.tools.baseline import json_object_closed  # noqa: E402
 
 

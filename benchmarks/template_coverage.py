@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pcd_engine.errors import PCDError  # noqa: E402
-from pcd_engine.prompt import TokenizerView  # noqa: E402
+from pcd_engine.prompt.chat_prompt import TokenizerView  # noqa: E402
 from pcd_engine.tools.check import compile_preset  # noqa: E402
 from pcd_engine.tools.examples import EXAMPLE_PRESETS  # noqa: E402
 from pcd_engine.tools.terminal import table  # noqa: E402

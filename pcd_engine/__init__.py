@@ -2,12 +2,15 @@
 
 Every allowed value of every field is compiled into a token trie, and all the tries of a wave are scored in
 one tree-packed forward pass on top of the schema's cached prompt head.
+
+The names below are what the README documents. Importing the package loads neither the command line, the server
+nor the benchmark comparators; :func:`tag_corpus` (the in-process ``pcd tag`` job, which lives with the command
+line) is imported on first use.
 """
 
-from pcd_engine.calibration import Calibrator
-from pcd_engine.chat import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
-from pcd_engine.collector import Collector
-from pcd_engine.decoding import Decision, Exact, Fixed, Marginal, Strategy, TrieWalk
+from typing import Any
+
+from pcd_engine.calibrate.calibrator import Calibrator
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
     BackendUnavailableError,
@@ -23,12 +26,14 @@ from pcd_engine.errors import (
     RequestTimeout,
     SchemaError,
 )
+from pcd_engine.generate.free_text import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
 from pcd_engine.limits import RequestLimits
-from pcd_engine.models import ALIASES, DEFAULT_MODEL, default_model_path
+from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL, default_model_path
 from pcd_engine.options import ExtractOptions, PromptFormat
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
+from pcd_engine.run.collector import Collector
 from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
-from pcd_engine.tools.baseline import BaselineResult, generate_baseline, generate_outlines
+from pcd_engine.tool_calls import Tool, ToolCall, ToolDecision, decide_tools
 
 __version__ = "0.1.0"
 
@@ -37,48 +42,53 @@ __all__ = [
     "DEFAULT_MODEL",
     "Alternative",
     "BackendUnavailableError",
-    "BaselineResult",
     "Calibrator",
     "ChatMessage",
+    "Collector",
     "ContextError",
     "DatasetError",
-    "Decision",
-    "Collector",
     "Engine",
     "EngineOptions",
-    "Exact",
     "ExtractOptions",
     "ExtractionResult",
     "ExtractionStats",
     "FieldResult",
     "FieldSpec",
-    "Fixed",
-    "Label",
-    "Marginal",
     "InputError",
     "JsonReply",
+    "Label",
     "LimitError",
     "ModelLoadError",
     "OptionError",
     "PCDError",
     "Preset",
-    "PromptFormat",
     "PromptAlignmentError",
+    "PromptFormat",
     "RequestCancelled",
     "RequestLimits",
     "RequestTimeout",
     "Schema",
     "SchemaError",
-    "Strategy",
     "TextChunk",
-    "TrieWalk",
+    "Tool",
+    "ToolCall",
+    "ToolDecision",
     "__version__",
     "compile_schema",
+    "decide_tools",
     "default_model_path",
-    "generate_baseline",
-    "generate_outlines",
     "json_chat",
     "load_preset",
     "stream_chat",
     "stream_text",
+    "tag_corpus",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``tag_corpus``, imported from the tagging job on first use (PEP 562)."""
+    if name == "tag_corpus":
+        from pcd_engine.tools.tagging import tag_corpus
+
+        return tag_corpus
+    raise AttributeError(f"module 'pcd_engine' has no attribute {name!r}")

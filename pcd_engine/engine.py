@@ -4,17 +4,17 @@ One request runs, per wave of fields, ONE forward pass on top of the schema head
 the answers written by the previous wave) as a causal block, followed by the packed trie of every label of
 every field in the wave. A wave's tree is split over several passes only when it would exceed the memory budget.
 Open fields come last: every closed answer is written into the prompt, and one row per open field is generated
-under its JSON Schema, all rows advancing together one forward pass per token (:mod:`pcd_engine.generation`).
+under its JSON Schema, all rows advancing together one forward pass per token (:mod:`pcd_engine.generate.open_rows`).
 
 Every request is bounded before any model work: its labels and generated tokens against its
 :class:`~pcd_engine.limits.RequestLimits`, its prompt and answers against the model's window, its passes against
 the memory budget. Nothing is cached for a request that fails. Time limits and cancellation are checked before
 every forward pass.
 
-A call runs as a :class:`~pcd_engine.request.Request` (its own tokens, answers, results and statistics) in four
+A call runs as a :class:`~pcd_engine.run.request.Request` (its own tokens, answers, results and statistics) in four
 steps: open (checks, tokenization, the head prefill when it is not cached), one ``decide_wave`` per wave,
 ``generate`` for the open rows, and ``result``. What is compiled once (schema heads with their KV, compiled waves,
-pass plans, row plans) lives in the engine's :class:`~pcd_engine.cache.CompileCache`.
+pass plans, row plans) lives in the engine's :class:`~pcd_engine.run.compile_cache.CompileCache`.
 
 Concurrency: an :class:`Engine` may be called from many threads. The compile cache is a set of thread-safe LRUs,
 and the model runs one pass at a time (the backend's lock), so concurrent calls interleave at pass boundaries and
@@ -30,22 +30,22 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pcd_engine.backends import select_backend
-from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.batch import Document, read_batch, run_batch
-from pcd_engine.budget import PassBudget
-from pcd_engine.cache import CompileCache, Head
-from pcd_engine.checks import check_text
-from pcd_engine.collector import Collector
-from pcd_engine.correction import CORRECTION_WINDOW
+from pcd_engine.backends.contract import Backend, Prefix, RequestState
+from pcd_engine.calibrate.correction import CORRECTION_WINDOW
+from pcd_engine.decide.staging import PassCost, measure_pass_cost
 from pcd_engine.errors import OptionError
-from pcd_engine.generation import Grammars
+from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.lru import LRU
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
-from pcd_engine.prompt import ChatPrompt, TokenizerView
-from pcd_engine.request import Request, prefill
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.result import ExtractionResult, FieldResult
+from pcd_engine.run.admission import check_text
+from pcd_engine.run.batch import Document, read_batch, run_batch
+from pcd_engine.run.budget import PassBudget
+from pcd_engine.run.collector import Collector
+from pcd_engine.run.compile_cache import CompileCache, Head
+from pcd_engine.run.request import Request, prefill
 from pcd_engine.schema import Schema, compile_schema
-from pcd_engine.staging import PassCost, measure_pass_cost
 
 __all__ = ["SHARED_ENGINES", "Engine", "EngineOptions"]
 
@@ -106,9 +106,9 @@ class Engine:
 
         Args:
             name_or_path: ``None`` for the embedded SmolLM2-135M-Instruct (offline), an alias from
-                :data:`pcd_engine.models.ALIASES`, a local folder, a ``.gguf`` file (or a folder holding one), a
+                :data:`pcd_engine.models.resolve.ALIASES`, a local folder, a ``.gguf`` file (or a folder holding one), a
                 model in the local Ollama store, or a Hugging Face repo id (see
-                :func:`~pcd_engine.models.resolve_model`).
+                :func:`~pcd_engine.models.resolve.resolve_model`).
             backend: ``"auto"`` (MLX on Apple silicon when mlx and mlx-lm are installed, else PyTorch),
                 ``"torch"`` or ``"mlx"`` (any machine where mlx imports, Linux CPU included).
             device: Torch device (defaults to CUDA when available, else CPU); for MLX ``"cpu"`` or ``"gpu"``.
@@ -125,7 +125,7 @@ class Engine:
             ModelLoadError: If the model cannot be found or loaded.
             BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
-        from pcd_engine.models import resolve_model
+        from pcd_engine.models.resolve import resolve_model
 
         chosen = select_backend(backend)
         path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
@@ -166,7 +166,7 @@ class Engine:
             ModelLoadError: If the model cannot be found or loaded.
             BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
-        from pcd_engine.models import resolve_model
+        from pcd_engine.models.resolve import resolve_model
 
         chosen = select_backend(backend)
         path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
@@ -193,7 +193,7 @@ class Engine:
         **options: Any,
     ) -> Engine:
         """Load the resolved model ``path`` on ``backend`` (what :meth:`load` and :meth:`shared` share)."""
-        from pcd_engine.models import DEFAULT_MODEL
+        from pcd_engine.models.resolve import DEFAULT_MODEL
 
         if backend == "mlx":
             from pcd_engine.backends.mlx import MLXBackend
@@ -366,7 +366,7 @@ class Engine:
         return out
 
     def collector(self) -> Collector:
-        """The engine's shared :class:`~pcd_engine.collector.Collector` (a 5 ms window, the engine's batch size),
+        """The engine's shared :class:`~pcd_engine.run.collector.Collector` (a 5 ms window, the engine's batch size),
         created on first use: extractions submitted to it from many threads or tasks at once are decided in
         shared batches. The async surfaces of the integrations submit through it."""
         with self._collector_lock:
@@ -380,7 +380,7 @@ class Engine:
         return self._pass_cost
 
     def pass_cost(self, state: RequestState, *, token: int) -> PassCost:
-        """What one forward pass costs on this backend, for the staging cost model (:mod:`pcd_engine.staging`):
+        """What one forward pass costs on this backend, for the staging cost model (:mod:`pcd_engine.decide.staging`):
         :attr:`EngineOptions.pass_cost` when given, else measured once on ``state`` (a few timed passes of
         ``token`` nodes that add nothing to it) and kept."""
         if self._pass_cost is None:
@@ -389,8 +389,8 @@ class Engine:
 
     def batch_size(self, given: int | None = None) -> int:
         """The most documents one pass holds: ``given``, else :attr:`EngineOptions.batch_size`, else the backend's
-        :attr:`~pcd_engine.backends.base.Backend.default_batch_size` (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU or
-        Metal; 1 where documents are not batched).
+        :attr:`~pcd_engine.backends.contract.Backend.default_batch_size` (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU
+        or Metal; 1 where documents are not batched).
 
         Raises:
             OptionError: If ``given`` is not an integer >= 1.

@@ -32,9 +32,9 @@ __all__ = [
 ]
 
 STRATEGIES = ("marginal", "exact", "trie_walk")
-# How a wave's tree is read (see pcd_engine.staging): the cost model's choice, always whole, or always staged.
+# How a wave's tree is read (see pcd_engine.decide.staging): the cost model's choice, always whole, or always staged.
 STAGINGS = ("auto", "one_pass", "staged")
-# How a call corrects the model's label lean without a fitted calibration (see pcd_engine.correction).
+# How a call corrects the model's label lean without a fitted calibration (see pcd_engine.calibrate.correction).
 CORRECTIONS = ("none", "batch", "content_free", "auto")
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
 # labels, the trie walk above); "first_token" was the marginal of the first token where labels differ; "trie" and
@@ -86,18 +86,18 @@ class ExtractOptions:
         staging: How the ``exact`` and ``trie_walk`` fields of a wave are read: ``"auto"`` lets the cost model
             choose, ``"one_pass"`` reads every label's tokens in one pass, ``"staged"`` reads the labels'
             identifying tokens first and then only the tails of the labels that can still win (see
-            :mod:`pcd_engine.staging`; the decisions are the same either way).
+            :mod:`pcd_engine.decide.staging`; the decisions are the same either way).
         anchor: Decide the first closed field alone and write it into the prompt before the others.
         max_tokens: The most tokens generated for one open field's value (a field's own ``x-max-tokens`` wins).
         draft_tokens: The most tokens an open row proposes from the document per pass, checked in the row's own
-            pass (0 turns drafting off; the values are the same either way, see :mod:`pcd_engine.drafting`).
+            pass (0 turns drafting off; the values are the same either way, see :mod:`pcd_engine.generate.drafting`).
         memory_budget_mb: The estimated peak memory of one pass, in MiB.
         instructions: See :class:`PromptFormat`.
         list_choices: See :class:`PromptFormat`.
         quoted_booleans: See :class:`PromptFormat`.
         chat_template_kwargs: See :class:`PromptFormat` (a mapping is accepted and stored as sorted pairs).
         limits: Per-request limits (labels, generated tokens, time).
-        calibration: A :class:`~pcd_engine.calibration.Calibrator` fitted on this schema and model (or its JSON
+        calibration: A :class:`~pcd_engine.calibrate.calibrator.Calibrator` fitted on this schema and model (or its JSON
             data): each closed field's label distribution is corrected for the model's label prior, and the
             decision follows the corrected one (results keep the raw probability too). Its fields are read
             whole (``staging="one_pass"``; the trie walk becomes ``"exact"``), so every label has a probability.
@@ -107,10 +107,10 @@ class ExtractOptions:
             ``alternatives``). A non-Optional field keeps its best label, flagged. Later waves were decided
             with the best label written, as without the option.
         correction: How the model's label lean is divided out when no ``calibration`` is given (one of
-            :data:`CORRECTIONS`; see :mod:`pcd_engine.correction`): ``"batch"`` estimates it on the documents
+            :data:`CORRECTIONS`; see :mod:`pcd_engine.calibrate.correction`): ``"batch"`` estimates it on the documents
             decided together (``extract_many``, a collected batch), ``"content_free"`` on content-free inputs read
             once per schema, ``"auto"`` (the engine's default) is ``"batch"`` where at least
-            :data:`~pcd_engine.correction.MIN_BATCH` documents are decided together and ``"content_free"``
+            :data:`~pcd_engine.calibrate.correction.MIN_BATCH` documents are decided together and ``"content_free"``
             elsewhere, ``"none"`` keeps the model's own distributions. A ``calibration`` wins over it.
             ``"batch"`` and ``"content_free"`` read every field whole, like a calibration, so every field is
             corrected; ``"auto"`` keeps the call's own reading and corrects the fields it reads whole (the
@@ -174,7 +174,7 @@ class ExtractOptions:
         ):
             raise OptionError(f"min_probability: expected a number in (0, 1], but got {p!r}.")
         if self.calibration is not None:
-            from pcd_engine.calibration import Calibrator
+            from pcd_engine.calibrate.calibrator import Calibrator
 
             if isinstance(self.calibration, Mapping):
                 try:

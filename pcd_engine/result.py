@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from pcd_engine.schema import FieldSpec, LabelValue, Schema
 
 if TYPE_CHECKING:
-    from pcd_engine.calibration import FieldPrior
-    from pcd_engine.decoding import Decision
-    from pcd_engine.generation import Generated
+    from pcd_engine.calibrate.calibrator import FieldPrior
+    from pcd_engine.decide.decoding import Decision
+    from pcd_engine.generate.open_rows import Generated
 
 __all__ = [
     "Alternative",
@@ -70,10 +70,10 @@ class FieldResult:
         tokens: For a generated field, the tokens generated; else 0.
         truncated: True when a generated value hit its token limit and was cut (strings are closed where cut;
             a value that cannot be completed validly is ``None``).
-        bounded_labels: For a field read in stages (:mod:`pcd_engine.staging`), how many labels were proven to
+        bounded_labels: For a field read in stages (:mod:`pcd_engine.decide.staging`), how many labels were proven to
             lose without reading their last tokens: their probabilities (and so ``candidate_mass`` and the
             renormalized ``probability``) use an upper bound of their score. 0 when every label was read in full.
-        raw_probability: With a calibration (:mod:`pcd_engine.calibration`), the model's own probability of
+        raw_probability: With a calibration (:mod:`pcd_engine.calibrate.calibrator`), the model's own probability of
             ``value`` before the correction (``probability``, ``alternatives`` and ``label_probabilities`` are
             the calibrated ones, and the decision follows them); ``None`` without one.
         label_distribution: For a scored single-label field, every label's probability in label order (what
@@ -82,7 +82,7 @@ class FieldResult:
             ``value`` is then ``None`` (``alternatives`` keep the labels the model preferred), any other field
             keeps its best label, flagged.
         correction: Which lean correction decided the field: ``"calibration"`` (the call's fitted
-            calibrator), ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.correction`); ``None`` when the
+            calibrator), ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.calibrate.correction`); ``None`` when the
             model's own distribution decided it. With one, ``raw_probability`` is the model's own figure.
         lean: With a correction, the lean divided out: the prior ``b`` over the labels in label order (for a
             multi-label field, each label's prior of "yes"); ``None`` otherwise.
@@ -129,7 +129,7 @@ class ExtractionStats:
         nodes_scored: Tree nodes fed to the model, over all passes.
         nodes_saved: Tree nodes a one-pass reading of every wave's whole tree would have fed beyond
             ``nodes_scored``: the tails below the identifying tokens of marginal fields, and the tails of labels a
-            staged wave proved cannot win (see :mod:`pcd_engine.staging`).
+            staged wave proved cannot win (see :mod:`pcd_engine.decide.staging`).
         stage_passes: Scoring passes spent on the later stages of staged waves (included in ``forward_passes``).
         waves: Number of waves of scored fields.
         generation_passes: Forward passes spent generating open fields (all rows advance together, so this is
@@ -138,11 +138,12 @@ class ExtractionStats:
         prefill_passes: Of ``forward_passes``, those that prefilled the schema head (0 when its cache hit; more
             than 1 when the memory budget split a long head into chunks).
         correction_passes: Of ``forward_passes``, those that read the schema's content-free lean
-            (:mod:`pcd_engine.correction`; 0 when the engine had it already, or the call has no such correction).
+            (:mod:`pcd_engine.calibrate.correction`; 0 when the engine had it already, or the call has no such
+        correction).
         documents_per_pass: For each scoring pass of the request, how many documents shared it (1 when it ran
             alone; more in a batch of :meth:`~pcd_engine.engine.Engine.extract_many`).
         draft_tokens: Tokens the open rows proposed from the document (checked in the rows' own passes; see
-            :mod:`pcd_engine.drafting`).
+            :mod:`pcd_engine.generate.drafting`).
         accepted_tokens: Of those, the tokens the model chose as proposed: each saved a generation pass.
     """
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pcd_engine import Engine, ExtractOptions, OptionError, RequestLimits
 
+__all__ = ["calibration_json", "read_settings", "refuse_sampling", "setting_options", "shared_engine"]
+
 
 def shared_engine(model: str | None, backend: str) -> Engine:
     """The process's engine for ``model`` on ``backend`` (:meth:`Engine.shared`, keyed by what it loads): adapters
@@ -65,14 +67,14 @@ def read_settings(
 
 
 def calibration_json(value: Any, *, owner: str) -> dict[str, Any] | None:
-    """A calibration given to an adapter (a :class:`~pcd_engine.calibration.Calibrator`, its JSON data or the path
-    of its file, as ``pcd calibrate`` writes it) as JSON data: what the adapter keeps, so that it serializes.
+    """A calibration given to an adapter (a :class:`~pcd_engine.calibrate.calibrator.Calibrator`, its JSON data or the
+    path of its file, as ``pcd calibrate`` writes it) as JSON data: what the adapter keeps, so that it serializes.
 
     Raises:
         OptionError: If it is none of those.
         InputError: If the file cannot be read or is not a calibration.
     """
-    from pcd_engine.calibration import Calibrator
+    from pcd_engine.calibrate.calibrator import Calibrator
 
     if value is None:
         return None

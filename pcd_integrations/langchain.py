@@ -42,11 +42,11 @@ from pcd_engine import (
     SchemaError,
     stream_chat,
 )
-from pcd_engine.calls import Tool, called_text, choice_of, decide_tools, tool_result_text
-from pcd_engine.chat import document_text
-from pcd_engine.checks import check_text
 from pcd_engine.errors import ContextError
-from pcd_engine.models import DEFAULT_MODEL
+from pcd_engine.generate.free_text import document_text
+from pcd_engine.models.resolve import DEFAULT_MODEL
+from pcd_engine.run.admission import check_text
+from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
 from pcd_integrations._shared import read_settings, refuse_sampling, setting_options, shared_engine
 
 __all__ = ["ChatPCD"]
@@ -180,7 +180,7 @@ class ChatPCD(BaseChatModel):
     streaming: bool = False
     """``invoke`` streams free text (callbacks see every token), as LangChain's ``streaming=True`` does."""
     calibration: dict[str, Any] | None = None
-    """A calibration for every structured call: a :class:`~pcd_engine.calibration.Calibrator`, its JSON data or
+    """A calibration for every structured call: a :class:`~pcd_engine.calibrate.calibrator.Calibrator`, its JSON data or
     the path of the file ``pcd calibrate`` wrote (kept as its JSON, so the model serializes). Each closed field's
     label prior is corrected; a schema or model other than the one it was fitted on is refused."""
     options: dict[str, Any] | None = None

@@ -49,9 +49,9 @@ from pcd_engine import (
     OptionError,
     stream_chat,
 )
-from pcd_engine.calls import Tool, called_text, choice_of, decide_tools, tool_result_text
-from pcd_engine.chat import document_text
-from pcd_engine.models import DEFAULT_MODEL
+from pcd_engine.generate.free_text import document_text
+from pcd_engine.models.resolve import DEFAULT_MODEL
+from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
 from pcd_integrations._shared import (
     calibration_json,
     read_settings,

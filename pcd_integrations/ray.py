@@ -31,7 +31,7 @@ from pcd_engine.tools.corpus import CorpusDocument
 from pcd_engine.tools.tag_table import tag_columns, tag_table
 from pcd_engine.tools.tagging import Runner, tag_outcomes
 
-__all__ = ["PCDTagger", "ray_parts", "tag_dataset"]
+__all__ = ["PCDTagger", "cli_runner", "ray_parts", "tag_dataset"]
 
 
 class PCDTagger:
@@ -218,3 +218,41 @@ def ray_parts(
         yield from tagged.iter_batches(batch_size=None, batch_format="pyarrow")
 
     return run
+
+
+def cli_runner(
+    schema: Schema,
+    *,
+    model: str | None,
+    backend: str,
+    options: ExtractOptions | None,
+    part_size: int,
+    concurrency: int,
+    num_gpus: float | None,
+    batch_size: int | None,
+    address: str | None,
+    quiet: bool,
+) -> tuple[Runner, bool]:
+    """``pcd tag --ray``'s runner, registered as the ``ray`` entry point of ``pcd_engine.tag_runners`` (the command
+    line finds it there and never imports this package): starts Ray unless it is running (``address`` joins a
+    cluster), then :func:`ray_parts`.
+
+    Returns:
+        The runner, and whether Ray was started here (the command line shuts it down after the job).
+    """
+    if quiet:
+        ray.data.DataContext.get_current().enable_progress_bars = False
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=address, include_dashboard=False, log_to_driver=not quiet)
+    runner = ray_parts(
+        schema,
+        model=model,
+        backend=backend,
+        options=options,
+        part_size=part_size,
+        concurrency=concurrency,
+        num_gpus=num_gpus,
+        engine_options={"batch_size": batch_size} if batch_size else None,
+    )
+    return runner, started

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from pcd_engine import Engine, compile_schema
-from pcd_engine.compiler import compile_wave
-from pcd_engine.planner import TreeBatch, plan_passes
-from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from pcd_engine.decide.compiler import compile_wave
+from pcd_engine.decide.planner import TreeBatch, plan_passes
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, field_line
 from pcd_engine.tools.check import PROBE, PROBE_TEXT
 
 # The same probe `pcd check` runs on real models: labels that share token prefixes.

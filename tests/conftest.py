@@ -27,7 +27,7 @@ preload_blas()
 
 @pytest.fixture(scope="session")
 def smol_path() -> Path:
-    from pcd_engine.models import default_model_path
+    from pcd_engine.models.resolve import default_model_path
 
     return default_model_path()
 
@@ -142,16 +142,19 @@ the batched BBC News leads against it, test_batch and test_backend_agreement the
 
 LONGEST_FIRST = [
     "smollm2-alone",
+    "tests/test_conformance_mlx.py",
     "tests/test_real_model.py",
     "notebook-04_trust_the_answer.ipynb",
-    "tests/test_conformance_mlx.py",
-    "notebook-06_corpus_tagging.ipynb",
     "tests/test_langchain.py",
-    "notebook-05_speed.ipynb",
     "tests/test_conformance_torch.py",
     "tests/test_staging.py",
-    "tests/test_gguf.py",
+    "notebook-05_speed.ipynb",
     "tests/test_packaging.py",
+    "tests/test_gguf.py",
+    "tests/test_cli.py",
+    "notebook-06_corpus_tagging.ipynb",
+    "tests/test_testing.py",
+    "tests/test_server.py",
     "tests/test_tag.py",
     "notebook-03_llamaindex_rag_tagging.ipynb",
 ]

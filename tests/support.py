@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.prompt import TokenizerView, field_line
-from pcd_engine.tree import TreeBatch
+from pcd_engine.backends.contract import Backend, Prefix, RequestState
+from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.prompt.chat_prompt import TokenizerView, field_line
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / ".cache" / "tokenizers"

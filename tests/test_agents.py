@@ -16,8 +16,8 @@ import pytest
 from pydantic import BaseModel
 
 from pcd_engine import Engine, compile_schema
-from pcd_engine.calls import ANSWER, Tool, choice_schema, decide_tools
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
+from pcd_engine.tool_calls import ANSWER, Tool, choice_schema, decide_tools
 from tests.support import OracleBackend, OracleLM, enumerate_paths, oracle_brute_force, order_status_engine
 
 ORDER = "Where is my order 5521? It has not arrived."

@@ -11,8 +11,8 @@ import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 
-from pcd_engine import BackendUnavailableError, compile_schema, generate_outlines
-from pcd_engine.tools.baseline import _check
+from pcd_engine import BackendUnavailableError, compile_schema
+from pcd_engine.tools.baseline import _check, generate_outlines
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
 

@@ -1,4 +1,4 @@
-"""Many documents per pass (``Engine.extract_many``, :mod:`pcd_engine.batch`): every batched answer equals the
+"""Many documents per pass (``Engine.extract_many``, :mod:`pcd_engine.run.batch`): every batched answer equals the
 document decided alone, on every tiny architecture on both backends, with the passes counted by the backend."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import pytest
 
 from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.compiler import compile_wave
+from pcd_engine.decide.compiler import compile_wave
+from pcd_engine.decide.planner import plan_passes
 from pcd_engine.errors import ContextError, OptionError
-from pcd_engine.planner import plan_passes
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.check import PROBE, PROBE_TEXT
 from tests.support import BBC_SCHEMA, both_backends, tiny_backend
@@ -189,7 +189,7 @@ def test_collector_decides_concurrent_requests_together(tiny_engine):
     one fails alone, and the requests shared batches."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from pcd_engine.collector import Collector
+    from pcd_engine.run.collector import Collector
 
     jobs = [(text, PROBE if i % 2 else WAVES) for i, text in enumerate(TEXTS * 2)] + [("  ", PROBE)]
     collector = Collector(tiny_engine, window_ms=50, max_documents=16)
@@ -207,8 +207,8 @@ def test_collector_decides_concurrent_requests_together(tiny_engine):
 
 
 def test_collector_refuses_bad_input_at_once(tiny_engine):
-    from pcd_engine.collector import Collector
     from pcd_engine.errors import SchemaError
+    from pcd_engine.run.collector import Collector
 
     with pytest.raises(OptionError, match="window_ms"):
         Collector(tiny_engine, window_ms=-1)

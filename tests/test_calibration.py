@@ -1,4 +1,4 @@
-"""Calibration (pcd_engine.calibration): the estimators, the corrections in the engine against the re-weighted
+"""Calibration (pcd_engine.calibrate.calibrator): the estimators, the corrections in the engine against the re-weighted
 brute-force distribution on an oracle LM, saving and loading, and refusing another schema or model."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from pcd_engine import Engine, compile_schema
-from pcd_engine.calibration import Calibrator, FieldPrior, em_bias, mean_prior, reweight
-from pcd_engine.compiler import questions
+from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior, em_bias, mean_prior, reweight
+from pcd_engine.decide.compiler import questions
 from pcd_engine.errors import InputError, OptionError
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from tests.support import OracleBackend, OracleLM, enumerate_paths
 from tests.support import oracle_brute_force as brute_force
 

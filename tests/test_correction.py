@@ -1,4 +1,4 @@
-"""Lean corrections without a fitted calibration (pcd_engine.correction), on an oracle LM: each equals the
+"""Lean corrections without a fitted calibration (pcd_engine.calibrate.correction), on an oracle LM: each equals the
 calibrated extraction it stands for (the batch's EM prior, wave by wave; the content-free mean prior), the batch
 correction does not depend on the documents' order, and what cannot be corrected says so."""
 
@@ -10,8 +10,8 @@ import pytest
 
 import pcd_engine.engine as engine_module
 from pcd_engine import Engine, compile_schema
-from pcd_engine.calibration import Calibrator
-from pcd_engine.correction import CONTENT_FREE_TEXTS, MIN_BATCH, field_rows
+from pcd_engine.calibrate.calibrator import Calibrator
+from pcd_engine.calibrate.correction import CONTENT_FREE_TEXTS, MIN_BATCH, field_rows
 from pcd_engine.errors import ContextError, OptionError
 from tests.support import OracleBackend, OracleLM
 from tests.test_calibration import SCHEMA  # closed fields of every kind, one-label, and an open one
@@ -250,8 +250,8 @@ def test_the_engine_default_is_auto(smol_tokenizer):
 
 
 def test_full_distribution_only_for_labels_read_whole():
-    from pcd_engine.correction import full_distribution
-    from pcd_engine.decoding import Decision
+    from pcd_engine.calibrate.correction import full_distribution
+    from pcd_engine.decide.decoding import Decision
 
     def made(method: str, bounded: int = 0) -> Decision:
         return Decision(label=0, probabilities=(0.6, 0.4), candidate_mass=0.9, method=method, bounded=bounded)
@@ -293,7 +293,7 @@ def test_an_unknown_correction_is_refused(smol_tokenizer):
 
 
 def test_field_rows_are_the_distribution_or_each_label_s_yes():
-    from pcd_engine.decoding import Decision
+    from pcd_engine.decide.decoding import Decision
 
     schema = compile_schema(SCHEMA)
     one = Decision(label=1, probabilities=(0.2, 0.5, 0.3), candidate_mass=0.9, method="exact")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from pcd_engine import Engine, compile_schema
-from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, field_line
 from tests.support import OracleBackend, OracleLM, enumerate_paths, greedy_constrained
 from tests.support import oracle_brute_force as brute_force
 
@@ -145,7 +145,7 @@ MULTI = {
 def test_multi_label_equals_brute_force(oracle, smol_tokenizer):
     """Each label's probability of applying is the brute-force marginal of its own yes/no line, and the chosen
     list is the labels above one half, topped up to min_items and cut to max_items by that probability."""
-    from pcd_engine.compiler import questions
+    from pcd_engine.decide.compiler import questions
 
     lm, backend = oracle
     engine = Engine(backend, anchor=False, correction="none")

@@ -1,4 +1,4 @@
-"""Drafted open rows (:mod:`pcd_engine.drafting`): a row's proposed continuation rides in its own pass, and the
+"""Drafted open rows (:mod:`pcd_engine.generate.drafting`): a row's proposed continuation rides in its own pass, and the
 row keeps exactly the tokens greedy decoding gives it, whatever the draft, in fewer passes when the draft is right.
 
 The reference is the obvious generator (:meth:`tests.support.OracleBackend.generate_rows`: each row's whole
@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 from pcd_engine import Engine
-from pcd_engine.backends.base import Backend
-from pcd_engine.drafting import PromptLookup
+from pcd_engine.backends.contract import Backend
 from pcd_engine.errors import OptionError
+from pcd_engine.generate.drafting import PromptLookup
 from pcd_engine.options import ExtractOptions
 from tests.support import OracleBackend, OracleLM, both_backends, tiny_backend
 
 
 class GrowingOracle(OracleBackend):
-    """The oracle through the packed row generator (:class:`~pcd_engine.backends.base.Growth`): the cache is the
+    """The oracle through the packed row generator (:class:`~pcd_engine.backends.contract.Growth`): the cache is the
     list of keys in feeding order, and each read row's context is the keys its mask row shows."""
 
     generate_rows = Backend.generate_rows

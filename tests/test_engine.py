@@ -13,9 +13,9 @@ from pydantic import BaseModel, Field
 
 from pcd_engine import ContextError, Engine, OptionError, SchemaError
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.compiler import compile_wave
-from pcd_engine.planner import plan_passes
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.decide.compiler import compile_wave
+from pcd_engine.decide.planner import plan_passes
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import compile_schema
 from tests.support import check_against_brute_force, template_tokenizer, tiny_model
 

@@ -9,9 +9,9 @@ import pytest
 
 from pcd_engine import Engine, LimitError
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.budget import PassBudget, largest
 from pcd_engine.lru import LRU
-from pcd_engine.request import Request
+from pcd_engine.run.budget import PassBudget, largest
+from pcd_engine.run.request import Request
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.examples import example_preset
 from tests.support import OracleBackend, OracleLM, tiny_model
@@ -137,7 +137,7 @@ def test_require_names_the_missing_package():
 
 
 def test_every_option_strategy_has_one_decoder():
-    from pcd_engine.decoding import choose_strategy
+    from pcd_engine.decide.decoding import choose_strategy
     from pcd_engine.options import STRATEGIES
 
     assert [choose_strategy(5, name=name).name for name in STRATEGIES] == list(STRATEGIES)
@@ -197,8 +197,8 @@ CLOSED_REPLY["additionalProperties"] = False
     [None, {"type": "object", "properties": {"order": {"type": "integer"}, "late": {"type": "boolean"}}}, CLOSED_REPLY],
 )
 def test_json_chat_equals_the_obvious_constrained_generator(smol_tokenizer, schema):
-    from pcd_engine.chat import ChatMessage, chat_prompt_ids, json_chat
-    from pcd_engine.prompt import TokenizerView
+    from pcd_engine.generate.free_text import ChatMessage, chat_prompt_ids, json_chat
+    from pcd_engine.prompt.chat_prompt import TokenizerView
     from tests.support import greedy_constrained
 
     lm = OracleLM(len(smol_tokenizer), salt="json")

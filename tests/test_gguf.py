@@ -18,9 +18,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from pcd_engine import Engine, ModelLoadError, OptionError
-from pcd_engine import models as models_module
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.models import gguf_model_path, ollama_gguf, resolve_model
+from pcd_engine.models import resolve as models_module
+from pcd_engine.models.resolve import gguf_model_path, ollama_gguf, resolve_model
 from tests.conformance import SHARED_PREFIXES, TEXT
 from tests.support import mlx_available, write_truncated_gguf
 
@@ -90,7 +90,7 @@ def test_a_gguf_converts_to_bfloat16_in_a_folder_of_its_own(tiny_gguf, own_cache
 def test_two_processes_loading_one_gguf_convert_it_once(tiny_gguf, own_cache):
     script = (
         "import sys\n"
-        "from pcd_engine import models\n"
+        "from pcd_engine.models import resolve as models\n"
         "real = models._convert\n"
         "def counted(gguf, out, **kw):\n"
         "    print('converted', flush=True)\n"

@@ -23,7 +23,8 @@ from pydantic import BaseModel, Field
 
 from benchmarks.common import peak_rss
 from pcd_engine import Engine, compile_schema
-from pcd_engine.backends.base import Backend, estimate_pass_bytes
+from pcd_engine.backends.contract import Backend, estimate_pass_bytes
+from pcd_engine.decide.planner import TreeBatch, plan_passes
 from pcd_engine.errors import (
     ContextError,
     LimitError,
@@ -32,10 +33,9 @@ from pcd_engine.errors import (
     RequestTimeout,
     SchemaError,
 )
-from pcd_engine.generation import Grammars
+from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.limits import RequestLimits
-from pcd_engine.planner import TreeBatch, plan_passes
-from pcd_engine.prompt import ChatPrompt, TokenizerView, render_instructions
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, render_instructions
 from pcd_engine.tools.examples import EXAMPLE_PRESETS
 from tests.support import OracleBackend, OracleLM, serve_on_loopback, tiny_model
 
@@ -203,7 +203,7 @@ def test_wide_integer_ranges_are_counted_not_built(maximum):
 
 
 def test_the_baseline_checks_the_window_before_generating(smol_tokenizer):
-    from pcd_engine import generate_baseline
+    from pcd_engine.tools.baseline import generate_baseline
 
     backend = OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)), max_context=4096)
     engine = Engine(backend)
@@ -427,7 +427,7 @@ def test_a_label_of_thousands_of_tokens_is_decided(oracle):
         out = Engine(oracle, anchor=False).extract(TEXT, schema, strategy=strategy)
         assert out.values["pick"] in schema["pick"]["choices"]
     deep = TreeBatch(tuple(range(5000)), tuple(range(-1, 4999)), tuple(range(5000)), (), (), ())
-    from pcd_engine.compiler import TokenTree
+    from pcd_engine.decide.compiler import TokenTree
 
     tree = TokenTree(deep.tokens, deep.parents, deep.depths, tuple(range(4999)))
     assert len(plan_passes(tree, max_nodes=100)) == 1  # one chain, no recursion
@@ -517,7 +517,7 @@ def test_the_plain_tokenizer_copy_splits_exactly_what_a_full_copy_splits(smol_to
 
 
 def test_control_strings_in_a_chat_message_are_plain_text(smol_tokenizer):
-    from pcd_engine.chat import ChatMessage, chat_prompt_ids
+    from pcd_engine.generate.free_text import ChatMessage, chat_prompt_ids
 
     tv = TokenizerView(smol_tokenizer)
     start = tv.hf.convert_tokens_to_ids("<|im_start|>")

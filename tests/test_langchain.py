@@ -268,7 +268,7 @@ def test_every_name_of_the_default_model_shares_one_engine(default_engine, monke
     engine per process: the registry keys engines by what they load, not by the name given, so no name loads the
     model a second time."""
     from pcd_engine.backends.torch import TorchBackend
-    from pcd_engine.models import default_model_path
+    from pcd_engine.models.resolve import default_model_path
     from pcd_integrations.llamaindex import PCDLLM
 
     loads: list[str] = []
@@ -340,7 +340,7 @@ class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests)
 
     @property
     def model_override_value(self) -> str:
-        from pcd_engine.models import default_model_path
+        from pcd_engine.models.resolve import default_model_path
 
         return str(default_model_path())  # the same weights named by folder: a second engine, loaded by name
 
@@ -586,7 +586,7 @@ def _refund(order_id: str, amount: int) -> str:
 
 @pytest.mark.parametrize("choice", [None, "auto", "any", "required", True, "_refund", "none"])
 def test_bind_tools_decides_the_call_and_fills_its_arguments(tiny_engine, choice):
-    from pcd_engine.calls import Tool, choice_schema
+    from pcd_engine.tool_calls import Tool, choice_schema
 
     llm = ChatPCD(engine=tiny_engine).bind_tools([_order_status, _refund], tool_choice=choice)
     reply = llm.invoke("Where is my order 5521? It has not arrived.")
@@ -613,7 +613,7 @@ def test_bind_tools_decides_the_call_and_fills_its_arguments(tiny_engine, choice
 def test_tool_choice_equals_the_engine_decision_on_the_same_document(tiny_engine):
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
-    from pcd_engine.calls import Tool, choice_schema
+    from pcd_engine.tool_calls import Tool, choice_schema
 
     llm = ChatPCD(engine=tiny_engine).bind_tools([_order_status, _refund], tool_choice="auto")
     reply = llm.invoke("Where is my order 5521? It has not arrived.")
@@ -671,7 +671,7 @@ def test_a_calls_model_overrides_the_chat_models(tiny_engine, monkeypatch):
 def leaning_against(engine, text, schema, field):
     """A calibrator that leans hard towards whatever ``field`` answers raw: the calibrated answer then differs."""
     from pcd_engine import compile_schema
-    from pcd_engine.calibration import Calibrator
+    from pcd_engine.calibrate.calibrator import Calibrator
 
     compiled = compile_schema(schema)
     raw = engine.extract(text, schema, strategy="exact", staging="one_pass", correction="none").fields[field]

@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 
-from pcd_engine.collector import Collector  # noqa: E402
+from pcd_engine.run.collector import Collector  # noqa: E402
 from pcd_engine.tools.serve import create_app  # noqa: E402
 from tests.support import order_status_engine, serve_on_loopback  # noqa: E402
 

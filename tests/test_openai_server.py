@@ -12,9 +12,9 @@ import pytest
 pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 openai = pytest.importorskip("openai")
 
-from pcd_engine.calls import Tool, decide_tools  # noqa: E402
-from pcd_engine.chat import document_text  # noqa: E402
-from pcd_engine.models import default_model_path  # noqa: E402
+from pcd_engine.generate.free_text import document_text  # noqa: E402
+from pcd_engine.models.resolve import default_model_path  # noqa: E402
+from pcd_engine.tool_calls import Tool, decide_tools  # noqa: E402
 from pcd_engine.tools.serve import create_app  # noqa: E402
 from tests.support import serve_on_loopback  # noqa: E402
 
@@ -286,7 +286,7 @@ def test_json_object_is_written_under_a_json_grammar(live, default_engine):
 
 
 def test_schema_in_prompt_finds_the_last_compilable_object_schema():
-    from pcd_engine.chat import ChatMessage
+    from pcd_engine.generate.free_text import ChatMessage
     from pcd_engine.tools.serve.answers import schema_in_prompt
 
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}

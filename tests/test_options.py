@@ -15,8 +15,8 @@ import pytest
 from pydantic import BaseModel
 
 from pcd_engine import Engine, ExtractOptions, OptionError, PromptFormat, compile_schema
-from pcd_engine.compiler import written_value
-from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from pcd_engine.decide.compiler import written_value
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, field_line
 from tests.support import OracleBackend, OracleLM, enumerate_paths
 from tests.support import oracle_brute_force as brute_force
 from tests.test_decoding_oracle import PRESET, TEXT
@@ -139,8 +139,9 @@ def test_quoted_booleans_and_hidden_choices_read_as_asked(smol_tokenizer):
 
 def test_cli(spy, monkeypatch, capsys, tmp_path):
     import pcd_engine.tools.cli as cli
+    from pcd_engine.tools.cli import common
 
-    monkeypatch.setattr(cli, "_engine", lambda args: spy)
+    monkeypatch.setattr(common, "load_engine", lambda args: spy)
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps(PRESET))
     argv = ["run", "m", "--schema", str(schema), "--text", TEXT, "-q", "--no-anchor", "--temperature", "2.0"]

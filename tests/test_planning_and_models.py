@@ -6,12 +6,12 @@ import pytest
 
 from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, compile_schema
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.compiler import compile_wave
+from pcd_engine.decide.compiler import compile_wave
+from pcd_engine.decide.planner import plan_passes, plan_waves
 from pcd_engine.errors import OptionError
 from pcd_engine.lru import LRU
-from pcd_engine.models import ALIASES, hub_offline, in_hub_cache, resolve_model
-from pcd_engine.planner import plan_passes, plan_waves
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.models.resolve import ALIASES, hub_offline, in_hub_cache, resolve_model
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from tests.support import cache_in_hub, tiny_model
 
 PRESET = {
@@ -148,7 +148,7 @@ def test_the_embedded_model_is_converted_once_under_a_lock(tmp_path, monkeypatch
     import threading
     import time
 
-    from pcd_engine import models
+    from pcd_engine.models import resolve as models
 
     monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(models, "embedded_gguf", lambda: tmp_path / "model.gguf")
@@ -175,7 +175,7 @@ def test_the_embedded_model_is_converted_once_under_a_lock(tmp_path, monkeypatch
 
 
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
-    from pcd_engine.models import cache_dir
+    from pcd_engine.models.resolve import cache_dir
 
     monkeypatch.setenv("PCD_CACHE_DIR", str(tmp_path))
     assert cache_dir() == tmp_path

@@ -6,7 +6,7 @@ numbers written as strings next to the same numbers, ``true`` / ``null`` as stri
 integers and multi-label fields; every strategy, anchor on and off; tiny random llama, qwen2 and gemma3 (a
 sliding window much shorter than the prompt). The brute force never sees the trie, the packing or the cache: it
 tokenizes each complete prompt + JSON line as one text and scores it with ONE plain causal forward pass
-(:meth:`~pcd_engine.backends.base.Backend.sequence_logprobs`), then applies each strategy's definition by
+(:meth:`~pcd_engine.backends.contract.Backend.sequence_logprobs`), then applies each strategy's definition by
 enumeration (:func:`tests.test_decoding_oracle.brute_force`).
 
 The run is seeded (``derandomize``) and sized to under a minute here (20 schemas); a longer run is
@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcd_engine import Engine, compile_schema
-from pcd_engine.compiler import questions, written_value
-from pcd_engine.prompt import ChatPrompt, TokenizerView, field_line
+from pcd_engine.decide.compiler import questions, written_value
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, field_line
 from tests.support import enumerate_paths, tiny_model
 from tests.support import oracle_brute_force as brute_force
 

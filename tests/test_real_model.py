@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from pydantic import BaseModel, Field
 
-from pcd_engine import generate_baseline, load_preset
-from pcd_engine.prompt import ChatPrompt
+from pcd_engine import load_preset
+from pcd_engine.prompt.chat_prompt import ChatPrompt
+from pcd_engine.tools.baseline import generate_baseline
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset, example_preset_path
 from tests.support import assert_staged_matches, enumerate_paths, torch_brute_force
 

@@ -383,7 +383,7 @@ def test_field_bounds_on_an_optional_int_keep_it_closed():
 
 def test_multi_label_flags_use_one_key_for_every_label_type():
     """The flags a question asks, the flags written into the prompt and the flags read back name labels alike."""
-    from pcd_engine.compiler import questions, written_value
+    from pcd_engine.decide.compiler import questions, written_value
 
     spec = compile_schema({"m": {"type": "multi", "choices": ["a b", 7, True, None]}}).field("m")
     asked = [json.loads(q.labels[0].surfaces[0]) for q in questions(spec)]

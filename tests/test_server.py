@@ -19,7 +19,7 @@ pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 
 from fastapi.testclient import TestClient  # noqa: E402
 
-from pcd_engine import generate_baseline  # noqa: E402
+from pcd_engine.tools.baseline import generate_baseline  # noqa: E402
 from pcd_engine.tools.examples import EXAMPLE_PRESETS  # noqa: E402
 from pcd_engine.tools.serve import create_app  # noqa: E402
 from tests.support import serve_on_loopback  # noqa: E402
@@ -61,7 +61,7 @@ def sse_events(body: str) -> list[tuple[str, dict]]:
 
 def test_extract_takes_a_calibration_and_min_probability(client, default_engine):
     from pcd_engine import compile_schema
-    from pcd_engine.calibration import Calibrator
+    from pcd_engine.calibrate.calibrator import Calibrator
 
     rows = {"sentiment": [[0.8, 0.1, 0.1]], "wants_refund": [[0.3, 0.7]]}
     cal = Calibrator.from_distributions(compile_schema(TICKET), rows, model=default_engine.model_id)

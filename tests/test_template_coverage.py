@@ -8,7 +8,7 @@ import pytest
 
 from pcd_engine import Engine
 from pcd_engine.backends.torch import TorchBackend
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.check import PROBE, PROBE_TEXT, compile_preset
 from pcd_engine.tools.examples import EXAMPLE_PRESETS
@@ -60,7 +60,7 @@ def test_gpt_oss_prompts_are_harmony_answered_on_the_final_channel():
 def test_a_harmony_chat_template_is_kept_and_its_answer_opened_on_the_final_channel():
     """A checkpoint's own harmony template renders the turns; pcd only adds the channel after ``<|start|>assistant``,
     and a history's assistant turns are the template's business."""
-    from pcd_engine.prompt import render_chat
+    from pcd_engine.prompt.chat_prompt import render_chat
 
     tokenizer = template_tokenizer("gptoss")
     tokenizer.chat_template = (
@@ -80,7 +80,7 @@ def test_a_harmony_chat_template_is_kept_and_its_answer_opened_on_the_final_chan
 
 
 def test_a_harmony_history_puts_earlier_answers_on_the_final_channel():
-    from pcd_engine.prompt import render_chat
+    from pcd_engine.prompt.chat_prompt import render_chat
 
     tv = TokenizerView(template_tokenizer("gptoss"))
     turns = [

@@ -6,7 +6,7 @@ import importlib.util
 import platform
 import sys
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState
+from pcd_engine.backends.contract import Backend, Prefix, RequestState
 from pcd_engine.errors import BackendUnavailableError
 
 __all__ = ["BACKENDS", "Backend", "Prefix", "RequestState", "select_backend"]

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.backends.contract import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
 from pcd_engine.backends.mlx_tree import (
     TreeLayer,
     TreePass,
@@ -43,8 +43,8 @@ from pcd_engine.backends.mlx_tree import (
     module_wrappers,
     preload_blas,
 )
+from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import ModelLoadError, OptionError
-from pcd_engine.tree import TreeBatch
 
 __all__ = ["MLXBackend", "load_mlx_model", "preload_blas"]
 
@@ -297,7 +297,7 @@ class MLXBackend(Backend):
         return 1024.0
 
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
-        """See :func:`~pcd_engine.backends.base.estimate_pass_bytes`."""
+        """See :func:`~pcd_engine.backends.contract.estimate_pass_bytes`."""
         masks = 2 if any(w is not None for w in self._windows) else 1
         return estimate_pass_bytes(self._args, past=past, new=new, rows=rows, masks=masks)
 
@@ -543,8 +543,8 @@ def load_mlx_model(path: str) -> tuple[Any, Any]:
     """``mlx_lm.load(path)``, for a folder written by transformers 5 as well as an MLX conversion.
 
     The folder is not changed: its config.json gets the top-level keys mlx-lm reads
-    (:func:`~pcd_engine.models.mlx_config_overrides`) and, for model types that transformers saves in another
-    layout (gpt-oss's experts), its weights are rewritten on load (:func:`~pcd_engine.models.mlx_weights_fix`).
+    (:func:`~pcd_engine.models.resolve.mlx_config_overrides`) and, for model types that transformers saves in another
+    layout (gpt-oss's experts), its weights are rewritten on load (:func:`~pcd_engine.models.resolve.mlx_weights_fix`).
 
     Args:
         path: A local folder with ``config.json``, or a repo id in the local Hugging Face cache.
@@ -561,7 +561,7 @@ def load_mlx_model(path: str) -> tuple[Any, Any]:
 
     import mlx_lm
 
-    from pcd_engine.models import mlx_config_overrides, mlx_weights_fix
+    from pcd_engine.models.resolve import mlx_config_overrides, mlx_weights_fix
 
     import_mlx()  # the system BLAS first
     config: dict[str, Any] = {}

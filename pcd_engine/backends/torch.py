@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.backends.contract import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import ModelLoadError, OptionError, pip_install, require
-from pcd_engine.tree import TreeBatch
 
 __all__ = ["TorchBackend"]
 
@@ -250,7 +250,7 @@ class TorchBackend(Backend):
         return float(min(total / 4, 16384.0))
 
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
-        """See :func:`~pcd_engine.backends.base.estimate_pass_bytes`."""
+        """See :func:`~pcd_engine.backends.contract.estimate_pass_bytes`."""
         return estimate_pass_bytes(self._config, past=past, new=new, rows=rows, masks=2 if self._sliding else 1)
 
     # ------------------------------------------------------------------------------------------ packed

@@ -29,8 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pcd_engine.constraints import MAX_INT_LABELS
 from pcd_engine.errors import SchemaError
+from pcd_engine.schema.constraints import MAX_INT_LABELS
 from pcd_engine.schema.fields import FieldSpec, Label, LabelValue, Preset, Schema, flag_key
 from pcd_engine.schema.json_reader import from_json_schema
 from pcd_engine.schema.presets import PRESET_FILE_KEYS, from_preset, is_preset_field, load_preset

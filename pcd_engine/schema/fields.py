@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pcd_engine.constraints import is_valid
 from pcd_engine.errors import SchemaError
+from pcd_engine.schema.constraints import is_valid
 
 __all__ = [
     "FieldSpec",

@@ -8,8 +8,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pcd_engine.constraints import WideRange, check_depth, check_keywords, filter_values, int_values, number_bound
 from pcd_engine.errors import SchemaError
+from pcd_engine.schema.constraints import (
+    WideRange,
+    check_depth,
+    check_keywords,
+    filter_values,
+    int_values,
+    number_bound,
+)
 from pcd_engine.schema.fields import FieldSpec, Schema, boolean_field, build_schema, enum_field, labels_of, multi_field
 from pcd_engine.schema.open_values import NotClosed, inline_refs, open_field, resolve_ref
 

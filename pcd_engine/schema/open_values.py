@@ -8,8 +8,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pcd_engine.constraints import MAX_SCHEMA_DEPTH, check_keywords, too_deep
 from pcd_engine.errors import SchemaError
+from pcd_engine.schema.constraints import MAX_SCHEMA_DEPTH, check_keywords, too_deep
 from pcd_engine.schema.fields import FieldSpec
 
 __all__ = ["NotClosed", "UNCONSTRAINED_HINT", "inline_refs", "open_field", "resolve_ref"]

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Literal, Union
 
-from pcd_engine.constraints import WideRange, int_values, number_bound
 from pcd_engine.errors import SchemaError
+from pcd_engine.schema.constraints import WideRange, int_values, number_bound
 from pcd_engine.schema.fields import FieldSpec, Schema, boolean_field, build_schema, enum_field, labels_of, multi_field
 from pcd_engine.schema.open_values import UNCONSTRAINED_HINT, NotClosed, open_field
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic_core
 
 from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, pip_install, require
-from pcd_engine.generation import walk_json
+from pcd_engine.generate.open_rows import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
 if TYPE_CHECKING:

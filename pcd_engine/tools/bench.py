@@ -48,7 +48,7 @@ class BenchRow:
         tokens_per_step: Generated tokens per generation pass of one default-settings extract (drafts on).
         accepted_tokens: Draft tokens the model kept in that extract.
         unstaged_ms: Median ms with ``staging="one_pass"``: every label's tokens read in one pass (see
-            :mod:`pcd_engine.staging`).
+            :mod:`pcd_engine.decide.staging`).
         nodes_scored: Tree nodes fed in one default-settings extract.
         nodes_saved: Tree nodes that extract did not feed, against one pass over every wave's whole tree.
         stage_passes: Later-stage passes of that extract.

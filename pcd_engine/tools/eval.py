@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.correction import CORRECTION_WINDOW
+from pcd_engine.calibrate.correction import CORRECTION_WINDOW
 from pcd_engine.errors import OptionError
 from pcd_engine.options import CORRECTIONS
 from pcd_engine.schema import Schema, compile_schema
@@ -182,14 +182,14 @@ def evaluate(
         against: Baseline names from :data:`BASELINES`.
         max_chars: Cut each document to this many characters first (the same text for every method).
         progress: Called with a short description before each batch of documents.
-        calibrations: More methods, by name: pcd with each :class:`~pcd_engine.calibration.Calibrator` (fitted
+        calibrations: More methods, by name: pcd with each :class:`~pcd_engine.calibrate.calibrator.Calibrator` (fitted
             on this schema and model), run as pcd is.
         corrections: More methods: pcd with each lean correction of
             :data:`~pcd_engine.options.CORRECTIONS` (named ``"pcd, correction=none"``, ...), leaving out the one
             pcd's own row already uses (the call's ``correction``, else the engine's default).
         **extract_options: Passed to ``engine.extract_many`` (``strategy``, ``anchor``, ``temperature``).
 
-    Every pcd method decides the documents in chunks of :data:`~pcd_engine.correction.CORRECTION_WINDOW`, each
+    Every pcd method decides the documents in chunks of :data:`~pcd_engine.calibrate.correction.CORRECTION_WINDOW`, each
     one :meth:`Engine.extract_many` call (one pass per wave for a batch of :meth:`Engine.batch_size`; the batch a
     ``"batch"`` or ``"auto"`` correction estimates its lean on); its time per document is its chunk's time divided
     by the chunk's size. Baselines run one document at a time.

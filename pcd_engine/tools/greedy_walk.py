@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pcd_engine.decoding import Decision
-from pcd_engine.planner import plan_passes
-from pcd_engine.request import Request
+from pcd_engine.decide.decoding import Decision
+from pcd_engine.decide.planner import plan_passes
+from pcd_engine.run.request import Request
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.baseline import BaselineResult
 

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.checks import check_text
-from pcd_engine.errors import ContextError, InputError, OptionError, pip_install, require
+from pcd_engine.errors import BackendUnavailableError, ContextError, InputError, OptionError, pip_install, require
 from pcd_engine.options import ExtractOptions
+from pcd_engine.run.admission import check_text
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.corpus import CorpusDocument, check_unique, read_corpus
 from pcd_engine.tools.tag_table import ERROR_COLUMN, tag_columns, tag_table
@@ -51,7 +51,11 @@ __all__ = [
     "run_tag_job",
     "tag_corpus",
     "tag_outcomes",
+    "tag_runner",
 ]
+
+RUNNERS_GROUP = "pcd_engine.tag_runners"
+"""The entry-point group of the runners that live outside the engine (``ray``: pcd_integrations' Ray runner)."""
 
 DEFAULT_PART_SIZE = 64
 """Documents per part file: the most work an interrupted job can lose."""
@@ -299,6 +303,25 @@ def engine_parts(
     return run
 
 
+def tag_runner(name: str) -> Callable[..., Any]:
+    """The factory of the ``name`` runner registered in the :data:`RUNNERS_GROUP` entry points (the engine finds an
+    integration's runner there instead of importing it).
+
+    Raises:
+        BackendUnavailableError: If no installed package registers one of that name.
+    """
+    from importlib.metadata import entry_points
+
+    found = list(entry_points(group=RUNNERS_GROUP, name=name))
+    if not found:
+        raise BackendUnavailableError(
+            f"pcd tag --{name}: expected a '{name}' runner registered under {RUNNERS_GROUP!r} (pcd_integrations "
+            f"registers it), but none is installed. Install it with: {pip_install(name)}"
+        )
+    factory: Callable[..., Any] = found[0].load()
+    return factory
+
+
 def check_output(output: str | os.PathLike[str], identity: Mapping[str, Any], *, overwrite: bool = False) -> None:
     """Fail early, before any model loads, when ``output`` cannot take this job: a name that is not
     ``.parquet``, a missing folder, or (unless ``overwrite``) an output or parts written by another job.
@@ -446,7 +469,7 @@ def tag_corpus(
     """
     from pcd_engine.backends import select_backend
     from pcd_engine.engine import Engine
-    from pcd_engine.models import resolve_model
+    from pcd_engine.models.resolve import resolve_model
 
     if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 1:
         raise OptionError(f"part_size: expected a positive integer, but got {part_size!r}.")

@@ -3,7 +3,7 @@
 Chat Completions and Responses differ in shape, not in substance: both carry a conversation (with tool calls and
 tool results), tools with a choice, and an answer format (free text, a JSON object, or a JSON Schema). Each
 route reads its body into an :class:`Ask`; :func:`answer` decides the tools (the engine's scored decision, see
-:mod:`pcd_engine.calls`) and, when the model answers instead, writes the content; the route then puts the
+:mod:`pcd_engine.tool_calls`) and, when the model answers instead, writes the content; the route then puts the
 :class:`Answer` in its own shape.
 """
 
@@ -18,11 +18,11 @@ from typing import Any, Literal, TypeVar
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from pcd_engine.calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
-from pcd_engine.chat import ChatMessage, TextChunk, document_text, json_chat, stream_chat
 from pcd_engine.errors import OptionError, SchemaError
+from pcd_engine.generate.free_text import ChatMessage, TextChunk, document_text, json_chat, stream_chat
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
+from pcd_engine.tool_calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
 from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, ResponsesRequest, parse_body
@@ -71,7 +71,7 @@ class Ask:
         options: Extraction options for scored answers (``pcd``, ``temperature``, the token limit).
         max_new_tokens: Token limit of free text and JSON objects (already capped by the server).
         tools: Function tools; empty for none.
-        tool_choice: The route's tool choice, as :func:`pcd_engine.calls.choice_of` reads it.
+        tool_choice: The route's tool choice, as :func:`pcd_engine.tool_calls.choice_of` reads it.
         parallel: Let the model call several tools.
         format: What the answer is when no tool is called.
         schema: The JSON Schema of a ``json_schema`` answer.
@@ -291,7 +291,7 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 
 def chat_messages(raw: Any, *, param: str = "messages") -> list[ChatMessage]:
     """Chat Completions messages as chat turns: an assistant turn's ``tool_calls`` and a tool turn's result are
-    labelled text (the result by the name of the call it answers), as :mod:`pcd_engine.calls` reads them.
+    labelled text (the result by the name of the call it answers), as :mod:`pcd_engine.tool_calls` reads them.
 
     Raises:
         HTTPError: 400 for a message without a role, an unknown role, or content that is not text (images,

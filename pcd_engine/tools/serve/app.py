@@ -17,11 +17,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine import __version__
-from pcd_engine.collector import Collector
 from pcd_engine.errors import OptionError, pip_install, require
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
+from pcd_engine.run.collector import Collector
 from pcd_engine.schema import Schema
 from pcd_engine.tools.serve.errors import HTTPError, error_response, install_handlers
 
@@ -194,7 +194,7 @@ def create_app(
         cors_origins: Web origins whose pages may call the API from a browser (CORS); none by default, so a page
             on another origin cannot read the answers.
         batch_window_ms: Extractions arriving within this many milliseconds of each other are decided together
-            (one pass per wave for all; see :class:`~pcd_engine.collector.Collector`); ``None`` decides each
+            (one pass per wave for all; see :class:`~pcd_engine.run.collector.Collector`); ``None`` decides each
             alone.
         max_batch: The most extractions in one batch; ``None`` takes the engine's batch size.
 

@@ -67,7 +67,7 @@ class ChatCompletionRequest(BaseModel):
         messages: The conversation (checked message by message, for messages that name the index): system,
             developer, user, assistant (with ``tool_calls``) and tool turns, text content only.
         response_format: ``{"type": "json_schema", ...}``, ``{"type": "json_object"}`` or ``{"type": "text"}``.
-        tools: Function tools; which one to call is the engine's scored decision (see :mod:`pcd_engine.calls`).
+        tools: Function tools; which one to call is the engine's scored decision (see :mod:`pcd_engine.tool_calls`).
         tool_choice: ``"auto"``, ``"required"``, ``"none"`` or ``{"type": "function", "function": {"name": ...}}``.
         parallel_tool_calls: Let the model call several tools at once (each tool called or not); default true.
         stream: Answer as Server-Sent Events.

@@ -7,7 +7,7 @@ field ``pcd``. A schema pcd cannot constrain (``Any``, free-form objects, recurs
 error body. ``json_object`` is the model's reply written under a JSON grammar (any object, always valid JSON);
 without a ``response_format`` (or with type ``text``) the reply is free text.
 
-``tools`` are answered by the engine's tool decision (:func:`pcd_engine.calls.decide_tools`, the mechanism behind
+``tools`` are answered by the engine's tool decision (:func:`pcd_engine.tool_calls.decide_tools`, the mechanism behind
 ``ChatPCD.bind_tools``): which tool to call (or, under ``tool_choice="auto"``, whether to answer instead) is one
 scored question over the conversation, tool calls and tool results included; the chosen tools' arguments are
 filled as their schemas, so every call names a real tool and its arguments validate. The reply carries
@@ -31,7 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
-from pcd_engine.chat import stream_text
+from pcd_engine.generate.free_text import stream_text
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,

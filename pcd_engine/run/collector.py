@@ -1,9 +1,9 @@
 """Extractions submitted from many threads, collected for a short window and decided as one batch.
 
-A server answers concurrent requests one pass at a time; deciding them together (:mod:`pcd_engine.batch`) turns
+A server answers concurrent requests one pass at a time; deciding them together (:mod:`pcd_engine.run.batch`) turns
 N passes per wave into one. A :class:`Collector` owns one worker thread: the first extraction submitted opens a
 window of ``window_ms``; everything submitted before it closes (up to ``max_documents``) is decided in one
-:class:`~pcd_engine.batch.Batch`, and whatever arrives meanwhile waits for the next one. Requests may have
+:class:`~pcd_engine.run.batch.Batch`, and whatever arrives meanwhile waits for the next one. Requests may have
 different schemas and options. Each answer is the one the request gets alone (decisions identical, log-probs
 within float rounding), and each request's failure (a bad text, its time limit, its client gone) is its own.
 """
@@ -18,10 +18,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.batch import Document, run_batch
 from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
+from pcd_engine.run.batch import Document, run_batch
 from pcd_engine.schema import compile_schema
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Drafts for open rows: continuations proposed from the document, checked by the model in the rows' own pass.
 
 Extraction values (names, amounts, order ids, dates, quotes) are mostly spans of the document. While the open
-rows grow (:meth:`~pcd_engine.backends.base.Backend.generate_rows`), each row may propose a continuation: a
+rows grow (:meth:`~pcd_engine.backends.contract.Backend.generate_rows`), each row may propose a continuation: a
 chain of draft tokens that rides in the same packed pass as the row's next token, each draft token seeing the
 row and the draft tokens before it. The model's greedy choice under the grammar is then read at every draft
 position in turn, and the row advances by as many tokens as agree (and one more: the choice after the last
@@ -10,7 +10,7 @@ tokens before it, so a drafted row is token for token the greedy row, only in fe
 
 :class:`PromptLookup` proposes by prompt lookup: the latest earlier occurrence, in the context (the prompt
 with the document), of the row's last ``n`` tokens (``n`` from ``max_ngram`` down to 1), and the tokens that
-followed it. A backend takes any :data:`~pcd_engine.backends.base.Drafter`.
+followed it. A backend takes any :data:`~pcd_engine.backends.contract.Drafter`.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from pcd_engine.errors import PromptAlignmentError
 
 if TYPE_CHECKING:
-    from pcd_engine.prompt import TokenizerView
+    from pcd_engine.prompt.chat_prompt import TokenizerView
 
 __all__ = ["AlignedLines", "align_lines", "common_prefix", "tail_tokens"]
 

@@ -7,16 +7,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_engine.alignment import tail_tokens
-from pcd_engine.backends.base import Prefix
-from pcd_engine.compiler import CompiledWave, compile_wave
-from pcd_engine.generation import RowPlan, compile_rows
+from pcd_engine.backends.contract import Prefix
+from pcd_engine.decide.compiler import CompiledWave, compile_wave
+from pcd_engine.decide.planner import plan_passes
+from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.generate.open_rows import RowPlan, compile_rows
 from pcd_engine.lru import LRU
 from pcd_engine.options import PromptFormat
-from pcd_engine.planner import plan_passes
-from pcd_engine.prompt import ChatPrompt, TokenizerView
+from pcd_engine.prompt.alignment import tail_tokens
+from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import FieldSpec, Schema
-from pcd_engine.tree import TreeBatch
 
 __all__ = ["CompileCache", "Head"]
 
@@ -36,7 +36,7 @@ class Head:
 
 class CompileCache:
     """The engine's compile-once state: schema heads (with their prefilled KV), compiled waves, pass plans,
-    open-row plans and content-free leans (:mod:`pcd_engine.correction`), each in an :class:`LRU`.
+    open-row plans and content-free leans (:mod:`pcd_engine.calibrate.correction`), each in an :class:`LRU`.
 
     Args:
         tokenizer: The model's tokenizer view.

@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.alignment import align_lines
-from pcd_engine.backends.base import Backend, RequestState
-from pcd_engine.drafting import PromptLookup
+from pcd_engine.backends.contract import Backend, RequestState
 from pcd_engine.errors import SchemaError, require
+from pcd_engine.generate.drafting import PromptLookup
 from pcd_engine.lru import LRU
-from pcd_engine.prompt import TokenizerView
+from pcd_engine.prompt.alignment import align_lines
+from pcd_engine.prompt.chat_prompt import TokenizerView
 from pcd_engine.schema import FieldSpec
 
 __all__ = [
@@ -307,7 +307,7 @@ def generate_open(
     """Generate every open field's value in parallel rows on top of ``state``.
 
     Args:
-        backend: The model backend (see :meth:`~pcd_engine.backends.base.Backend.generate_rows`).
+        backend: The model backend (see :meth:`~pcd_engine.backends.contract.Backend.generate_rows`).
         state: The request state after the closed fields; it is consumed.
         causal: Tokens to append before the rows (the written closed answers and the tail).
         plan: The row prefixes from :func:`compile_rows`.
@@ -386,7 +386,7 @@ class OpenRows:
         return sum(len(p) for p in self.plan.prefixes) + per_row * sum(row.limit for row in self._rows)
 
     def choose(self, row: int, logprobs: np.ndarray) -> tuple[list[int], bool]:
-        """The :data:`~pcd_engine.backends.base.Chooser` of these rows (it also counts the draft tokens it
+        """The :data:`~pcd_engine.backends.contract.Chooser` of these rows (it also counts the draft tokens it
         agrees with: the backend reads a draft's next position only while every choice equals the draft)."""
         mine = self._rows[row]
         chosen, done = _choose(mine, logprobs)
@@ -399,7 +399,7 @@ class OpenRows:
         return chosen, done
 
     def draft(self, row: int, tokens: Sequence[int]) -> list[int]:
-        """The :data:`~pcd_engine.drafting.Drafter` of these rows: the continuation of ``tokens`` found in the
+        """The :data:`~pcd_engine.generate.drafting.Drafter` of these rows: the continuation of ``tokens`` found in the
         context, cut where the row's grammar would refuse it, at the row's token limit, and once the row has been
         proposed as many tokens as its limit."""
         mine = self._rows[row]

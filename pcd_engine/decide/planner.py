@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from pcd_engine.decide.tree import TokenTree, TreeBatch
 from pcd_engine.schema import FieldSpec, Schema
-from pcd_engine.tree import TokenTree, TreeBatch
 
 __all__ = ["TreeBatch", "plan_passes", "plan_waves"]
 
@@ -65,7 +65,7 @@ def plan_passes(
         tree: The compiled tree.
         max_nodes: The largest number of fed nodes per pass (at least the tree's depth).
         queries: The nodes whose log-probabilities to read; ``None`` reads every node. Only their ancestors are
-            fed, so a staged walk (:mod:`pcd_engine.staging`) reads part of a tree without feeding the rest.
+            fed, so a staged walk (:mod:`pcd_engine.decide.staging`) reads part of a tree without feeding the rest.
         causal: Whether the first pass carries causal tokens. Without them the root's distribution is not
             available, so no child of the root may be queried.
 

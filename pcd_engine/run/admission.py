@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pcd_engine.backends.base import Backend
-from pcd_engine.budget import PassBudget
-from pcd_engine.compiler import questions
+from pcd_engine.backends.contract import Backend
+from pcd_engine.decide.compiler import questions
 from pcd_engine.errors import ContextError, LimitError
 from pcd_engine.limits import RequestLimits
 from pcd_engine.options import ExtractOptions
+from pcd_engine.run.budget import PassBudget
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = ["check_budget", "check_sizes", "check_text", "check_window"]

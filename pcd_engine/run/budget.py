@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pcd_engine.backends.base import Backend
+from pcd_engine.backends.contract import Backend
 from pcd_engine.errors import LimitError
 
 __all__ = ["PassBudget", "largest"]

@@ -1,12 +1,12 @@
 """Many documents, one pass per wave: requests decided together.
 
-A batch is a list of opened :class:`~pcd_engine.request.Request` objects (one per document; they may have
+A batch is a list of opened :class:`~pcd_engine.run.request.Request` objects (one per document; they may have
 different schemas and options). Their waves run in lockstep: for wave ``k`` every request still deciding plans its
 tree, and the requests whose tree fits one pass are scored together by
-:meth:`~pcd_engine.backends.base.Backend.score_trees`, one batch row each over its own cache (the schema heads are
+:meth:`~pcd_engine.backends.contract.Backend.score_trees`, one batch row each over its own cache (the schema heads are
 prefilled once and shared by reference). A request whose tree needs several passes (a very large wave under the
 memory budget) scores alone, and so does every request on a backend that cannot batch
-(:attr:`~pcd_engine.backends.base.Backend.batches_documents` is False: the rows fallback). Each request's
+(:attr:`~pcd_engine.backends.contract.Backend.batches_documents` is False: the rows fallback). Each request's
 answer is the one it would get alone: the decisions are its own and the log-probs differ only by float rounding.
 
 Why batch rows and not one packed forest: in one sequence every query pays for every other document's keys, so a
@@ -28,18 +28,18 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
-from pcd_engine.checks import check_text
-from pcd_engine.correction import MIN_BATCH, batch_priors, field_rows
-from pcd_engine.decoding import Decision
-from pcd_engine.generation import OpenRows
+from pcd_engine.calibrate.correction import MIN_BATCH, batch_priors, field_rows
+from pcd_engine.decide.decoding import Decision
+from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.generate.open_rows import OpenRows
 from pcd_engine.options import ExtractOptions
-from pcd_engine.request import Request, WavePlan
 from pcd_engine.result import ExtractionResult, FieldResult
+from pcd_engine.run.admission import check_text
+from pcd_engine.run.request import Request, WavePlan
 from pcd_engine.schema import Schema
-from pcd_engine.tree import TreeBatch
 
 if TYPE_CHECKING:
-    from pcd_engine.calibration import FieldPrior
+    from pcd_engine.calibrate.calibrator import FieldPrior
     from pcd_engine.engine import Engine
 
 __all__ = [
@@ -164,8 +164,8 @@ class Batch:
     def leans(self, plans: dict[int, WavePlan], decided: dict[int, list[Decision]]) -> dict[int, dict[str, FieldPrior]]:
         """Under the ``"batch"`` (or ``"auto"``) correction, each request's leans for this wave: estimated on every
         live request that reads the same wave of the same schema in the same way
-        (:func:`~pcd_engine.correction.batch_priors`), when there are at least
-        :data:`~pcd_engine.correction.MIN_BATCH` of them."""
+        (:func:`~pcd_engine.calibrate.correction.batch_priors`), when there are at least
+        :data:`~pcd_engine.calibrate.correction.MIN_BATCH` of them."""
         together: dict[tuple[object, ...], list[int]] = {}
         for key in decided:
             request = self.requests.get(key)
@@ -371,8 +371,8 @@ def open_batch(
     engine: Engine, documents: Sequence[Document], *, max_documents: int, started: float | None = None
 ) -> Batch:
     """Open each document's request into one :class:`Batch` (a failure to open is that document's exception).
-    Documents with at least :data:`~pcd_engine.correction.MIN_BATCH` others of the same schema and options are
-    opened as batched (:attr:`~pcd_engine.request.Request.batched`)."""
+    Documents with at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` others of the same schema and options are
+    opened as batched (:attr:`~pcd_engine.run.request.Request.batched`)."""
     batch = Batch({}, max_documents=max_documents, started=started or time.perf_counter())
     together: dict[tuple[object, ...], int] = {}
     for doc in documents:

@@ -1,8 +1,8 @@
 """Corrections of the model's label lean that need nothing from the user.
 
-A small model leans towards some labels whatever the document says (:mod:`pcd_engine.calibration` explains the
-prior correction ``p(y|x) ~ q(y|x) / b(y)``). A fitted :class:`~pcd_engine.calibration.Calibrator` estimates the
-lean ``b`` from the user's unlabelled documents; the corrections here estimate it from what the call already has:
+A small model leans towards some labels whatever the document says (:mod:`pcd_engine.calibrate.calibrator` explains the
+prior correction ``p(y|x) ~ q(y|x) / b(y)``). A fitted :class:`~pcd_engine.calibrate.calibrator.Calibrator` estimates
+the lean ``b`` from the user's unlabelled documents; the corrections here estimate it from what the call already has:
 
 * ``"batch"``: the documents decided together. Wave by wave, once every document of the batch has read the
   wave, each closed field's ``b`` is the EM prior of the batch's distributions (:func:`em_bias`: the prior under
@@ -39,8 +39,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.calibration import Calibrator, FieldPrior
-from pcd_engine.decoding import Decision
+from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
+from pcd_engine.decide.decoding import Decision
 from pcd_engine.schema import FieldSpec, Schema
 
 if TYPE_CHECKING:

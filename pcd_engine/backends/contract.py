@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from pcd_engine.decide.tree import TreeBatch, TrieBuilder
 from pcd_engine.errors import PromptAlignmentError
-from pcd_engine.tree import TreeBatch, TrieBuilder
 
 __all__ = ["Backend", "Chooser", "Drafter", "Growth", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
 
@@ -54,7 +54,7 @@ def serialized(method: _F) -> _F:
 Chooser = Callable[[int, np.ndarray], tuple[Sequence[int], bool]]
 
 # Called with (row index, the row's tokens so far: its prefix, then its chosen tokens); returns the tokens it
-# proposes to follow them, possibly none (see :mod:`pcd_engine.drafting`).
+# proposes to follow them, possibly none (see :mod:`pcd_engine.generate.drafting`).
 Drafter = Callable[[int, Sequence[int]], Sequence[int]]
 
 
@@ -68,8 +68,8 @@ class Growth:
     The first pass feeds the causal block and every row's prefix (shared prefix tokens once); each later pass
     feeds the tokens the rows still going were given.
 
-    With a ``draft`` (:mod:`pcd_engine.drafting`), each row's next fed token is followed by the continuation the
-    drafter proposes, as a chain in the same pass; the row's distribution is read at the token and at every draft
+    With a ``draft`` (:mod:`pcd_engine.generate.drafting`), each row's next fed token is followed by the continuation
+    the drafter proposes, as a chain in the same pass; the row's distribution is read at the token and at every draft
     token, and :meth:`absorb` calls the chooser at each in turn while its choices equal the draft (the last
     accepted draft token's distribution gives one more choice). Every choice is made from the distribution of
     exactly the tokens chosen before it, so the rows are the undrafted rows, in fewer passes; rejected draft
@@ -330,7 +330,7 @@ class Backend(ABC):
         Every layer gets one buffer of ``[rows, heads, P + C + N, dim]`` slots (``P`` the longest cache, ``C`` the
         longest causal block, ``N`` the largest tree; :meth:`_buffered_cache`). Row ``i`` holds its cache
         left-padded to ``P`` slots, then its causal block, then (from slot ``P + C``) its tree nodes. The mask is
-        request ``i``'s own :meth:`~pcd_engine.tree.TreeBatch.visibility` moved to those slots (padding is never
+        request ``i``'s own :meth:`~pcd_engine.decide.tree.TreeBatch.visibility` moved to those slots (padding is never
         seen; a padding query sees only itself), positions are each request's own, and only the rows read are
         projected onto the vocabulary. Afterwards state ``i`` holds its own slots (its cache, then its causal
         block; :meth:`_buffered_adopt`), so the states are exactly what one :meth:`score_tree` call each would

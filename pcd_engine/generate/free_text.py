@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import ContextError, OptionError, RequestTimeout
-from pcd_engine.prompt import render_chat
+from pcd_engine.prompt.chat_prompt import render_chat
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -97,7 +97,7 @@ def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int
     are plain text: a control string inside one (``<|im_start|>system``) is tokenized as ordinary text.
 
     Args:
-        tokenizer: A :class:`~pcd_engine.prompt.TokenizerView`.
+        tokenizer: A :class:`~pcd_engine.prompt.chat_prompt.TokenizerView`.
         messages: The conversation; at least one message.
 
     Raises:
@@ -291,7 +291,7 @@ def json_chat(
         SchemaError: If llguidance cannot honour ``schema``.
         RequestTimeout: If the reply runs past ``time_limit_s``.
     """
-    from pcd_engine.generation import generate_reply
+    from pcd_engine.generate.open_rows import generate_reply
     from pcd_engine.schema import FieldSpec
 
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 1:

@@ -1,6 +1,6 @@
 """Backend-independent decisions over a scored trie.
 
-Input: one :class:`~pcd_engine.compiler.FieldTrie` and the log-probability of every tree node given its parent
+Input: one :class:`~pcd_engine.decide.compiler.FieldTrie` and the log-probability of every tree node given its parent
 (``logprobs[node] = log p(token(node) | context up to parent(node))``). Output: a :class:`Decision`.
 
 All masses are measured from the field's decision point (the first token where its labels differ), so they are
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pcd_engine.compiler import FieldTrie, LabelPath
+from pcd_engine.decide.compiler import FieldTrie, LabelPath
 from pcd_engine.errors import OptionError
 from pcd_engine.options import STRATEGIES
 
@@ -53,7 +53,7 @@ class Decision:
             or ``None`` for a fixed field.
         method: Name of the strategy that decided.
         bounded: How many labels were scored by an upper bound instead of their full tokens: a staged reading
-            (:mod:`pcd_engine.staging`) proved they lose without reading their tails, so their probabilities
+            (:mod:`pcd_engine.decide.staging`) proved they lose without reading their tails, so their probabilities
             (and ``candidate_mass``) are upper bounds. 0 when every label was read.
     """
 

@@ -1,6 +1,6 @@
 """One extraction, kept apart from what the engine compiles once: :class:`Request`.
 
-The engine's compile cache (schema heads, compiled waves, pass plans, row plans; :mod:`pcd_engine.cache`) is
+The engine's compile cache (schema heads, compiled waves, pass plans, row plans; :mod:`pcd_engine.run.compile_cache`) is
 shared by every call. Everything here belongs to one call only (the tokens fed and pending, the tail text with
 the answers written so far, the results, warnings and timings), so concurrent calls never see each other's
 tokens. A request runs in steps, one method each: :meth:`Request.open` (check, tokenize, prefill the head if it
@@ -18,19 +18,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, Prefix, RequestState
-from pcd_engine.budget import PassBudget
-from pcd_engine.cache import Head
-from pcd_engine.checks import check_budget, check_sizes, check_window
-from pcd_engine.compiler import CompiledWave, questions, written_value
-from pcd_engine.correction import MIN_BATCH, content_free, correctable, reads_content_free, reads_whole_in_batch
-from pcd_engine.decoding import Decision, Exact, Fixed, Strategy, choose_strategy
+from pcd_engine.backends.contract import Backend, Prefix, RequestState
+from pcd_engine.calibrate.correction import (
+    MIN_BATCH,
+    content_free,
+    correctable,
+    reads_content_free,
+    reads_whole_in_batch,
+)
+from pcd_engine.decide.compiler import CompiledWave, questions, written_value
+from pcd_engine.decide.decoding import Decision, Exact, Fixed, Strategy, choose_strategy
+from pcd_engine.decide.planner import plan_passes, plan_waves
+from pcd_engine.decide.staging import PassCost, WaveSearch, plan_reading
+from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import LimitError, PromptAlignmentError
-from pcd_engine.generation import OpenRows
+from pcd_engine.generate.open_rows import OpenRows
 from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.options import ExtractOptions
-from pcd_engine.planner import plan_passes, plan_waves
-from pcd_engine.prompt import field_line
+from pcd_engine.prompt.chat_prompt import field_line
 from pcd_engine.result import (
     ExtractionResult,
     ExtractionStats,
@@ -40,12 +45,13 @@ from pcd_engine.result import (
     multi_result,
     scored_result,
 )
+from pcd_engine.run.admission import check_budget, check_sizes, check_window
+from pcd_engine.run.budget import PassBudget
+from pcd_engine.run.compile_cache import Head
 from pcd_engine.schema import FieldSpec, Schema
-from pcd_engine.staging import PassCost, WaveSearch, plan_reading
-from pcd_engine.tree import TreeBatch
 
 if TYPE_CHECKING:
-    from pcd_engine.calibration import Calibrator, FieldPrior
+    from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
     from pcd_engine.engine import Engine
 
 __all__ = ["PHASES", "Request", "WavePlan", "prefill"]
@@ -64,7 +70,7 @@ class WavePlan:
             label, each with its field.
         compiled: The compiled wave (tree and tail), or ``None`` when nothing is asked.
         passes: The first stage's passes within the budget (the first one also feeds the pending tokens).
-        search: Which nodes each stage reads, and the decisions (see :mod:`pcd_engine.staging`); ``None`` when
+        search: Which nodes each stage reads, and the decisions (see :mod:`pcd_engine.decide.staging`); ``None`` when
             nothing is asked.
         nodes_before: The request's fed nodes before this wave.
     """
@@ -115,12 +121,12 @@ class Request:
         results: Each decided field's result, by name.
         warnings: What the caller should know, in order.
         correction: The lean correction asked for: ``"calibration"`` (the call's :class:`Calibrator`),
-            ``"content_free"``, ``"batch"`` or ``"auto"`` (see :mod:`pcd_engine.correction`), or ``None``.
+            ``"content_free"``, ``"batch"`` or ``"auto"`` (see :mod:`pcd_engine.calibrate.correction`), or ``None``.
         priors: The calibrator the fields are corrected with (the call's, or the content-free one); ``None`` for
             a batch correction, whose leans come with each wave.
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
-        batched: Opened in a batch of at least :data:`~pcd_engine.correction.MIN_BATCH` documents of its schema
-            under ``"auto"``: the fields auto corrects are read exact and whole, for the batch's lean.
+        batched: Opened in a batch of at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` documents of its
+            schema under ``"auto"``: the fields auto corrects are read exact and whole, for the batch's lean.
     """
 
     engine: Engine
@@ -170,8 +176,8 @@ class Request:
     ) -> Request:
         """Check the request, tokenize it, and start it on the schema's head (prefilled now if not cached).
 
-        ``batched`` says the request is one of at least :data:`~pcd_engine.correction.MIN_BATCH` documents of its
-        schema and options decided together (see :attr:`batched`).
+        ``batched`` says the request is one of at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` documents of
+        its schema and options decided together (see :attr:`batched`).
 
         Raises:
             LimitError: If the request needs more labels, tokens or memory than allowed.

@@ -22,7 +22,7 @@ CPU a pass costs about as much per fed node as a plain forward. Each question of
     of the at most ``switch_at`` labels where it ends. The winner, and its probability, are the one-pass ones.
 
   An unread node counts as probability 1, so an unread label scores at most its bound; such labels are counted
-  in :attr:`~pcd_engine.decoding.Decision.bounded`, their reported probabilities use the bound, and the
+  in :attr:`~pcd_engine.decide.decoding.Decision.bounded`, their reported probabilities use the bound, and the
   candidate mass is :func:`mass_bound` (exact when everything was read).
 
 The cost model (:class:`PassCost`) prices a pass as ``fixed_ms + node_ms * fed nodes``, measured at the first wave
@@ -42,10 +42,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from pcd_engine.backends.base import Backend, RequestState
-from pcd_engine.compiler import CompiledWave, FieldTrie, LabelPath
-from pcd_engine.decoding import Decision, Exact, Marginal, Strategy, TrieWalk, sequence_scores, split_paths
-from pcd_engine.tree import TreeBatch
+from pcd_engine.backends.contract import Backend, RequestState
+from pcd_engine.decide.compiler import CompiledWave, FieldTrie, LabelPath
+from pcd_engine.decide.decoding import Decision, Exact, Marginal, Strategy, TrieWalk, sequence_scores, split_paths
+from pcd_engine.decide.tree import TreeBatch
 
 __all__ = [
     "FIRST_MARGIN",
@@ -351,7 +351,7 @@ class WaveSearch:
 
     def decide(self, logprobs: np.ndarray, *, temperature: float) -> list[Decision]:
         """Each question's decision from what was read. An unread node counts as probability 1, so an unread label
-        scores at most its bound (:attr:`~pcd_engine.decoding.Decision.bounded` counts them) and a staged
+        scores at most its bound (:attr:`~pcd_engine.decide.decoding.Decision.bounded` counts them) and a staged
         question's candidate mass is :func:`mass_bound`."""
         filled = np.nan_to_num(logprobs, nan=0.0)
         out = []

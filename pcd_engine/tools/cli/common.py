@@ -1,0 +1,110 @@
+"""What the commands share: loading the engine, the decoding flags as one options object, the model flags."""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from typing import TYPE_CHECKING, Any
+
+from pcd_engine.models.resolve import DEFAULT_MODEL
+from pcd_engine.options import CORRECTIONS, STRATEGIES, STRATEGY_ALIASES, ExtractOptions
+
+if TYPE_CHECKING:
+    from pcd_engine.engine import Engine
+
+
+__all__ = ["describe", "extract_options", "load_engine", "with_decoding", "with_model"]
+
+
+def extract_options(args: argparse.Namespace) -> ExtractOptions:
+    """The decoding flags of ``run``, ``eval``, ``calibrate`` and ``tag`` as one :class:`ExtractOptions` (unset
+    flags keep defaults; ``--calibration`` is read from its file)."""
+    from pcd_engine.calibrate.calibrator import Calibrator
+
+    return ExtractOptions(
+        strategy=args.strategy,
+        anchor=False if args.no_anchor else None,
+        temperature=args.temperature,
+        max_tokens=args.max_tokens,
+        memory_budget_mb=args.memory_budget_mb,
+        instructions=args.instructions,
+        list_choices=False if args.no_list_choices else None,
+        quoted_booleans=True if args.quoted_booleans else None,
+        calibration=Calibrator.load(args.calibration) if args.calibration else None,
+        min_probability=args.min_probability,
+        correction=args.correction,
+    )
+
+
+def load_engine(args: argparse.Namespace) -> Any:
+    from pcd_engine.engine import Engine
+
+    name = None if args.model in ("default", DEFAULT_MODEL) else args.model
+    if args.quiet:
+        try:  # transformers draws its own "Loading weights" bar
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
+        except ImportError:
+            pass
+    else:
+        print(f"pcd: loading {args.model} ({args.backend} backend)", file=sys.stderr)
+    return Engine.load(name, backend=args.backend, device=args.device, dtype=args.dtype)
+
+
+def describe(engine: Engine) -> str:
+    backend = engine.backend
+    return f"backend {backend.name} ({backend.scorer} scorer), python {platform.python_version()}"
+
+
+def with_model(p: argparse.ArgumentParser, *, optional: bool = False) -> None:
+    p.add_argument(
+        "model",
+        metavar="MODEL",
+        nargs="?" if optional else None,
+        default="default",
+        help=f"'default' (the embedded {DEFAULT_MODEL}, offline), an alias (pcd models), a folder, a .gguf file, "
+        "a model in the local Ollama store or a repo id",
+    )
+    p.add_argument("--backend", default="auto", choices=("auto", "torch", "mlx"), help="default: auto")
+    p.add_argument("--device", default=None, help="torch device (cpu, cuda) or MLX device (cpu, gpu)")
+    p.add_argument(
+        "--dtype", default=None, choices=("float32", "bfloat16", "float16"), help="weights (a GGUF converts to it)"
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars or loading messages")
+
+
+def with_decoding(p: argparse.ArgumentParser) -> None:
+    """The flags that map onto :class:`~pcd_engine.options.ExtractOptions` (see :func:`_options`)."""
+    p.add_argument(
+        "--strategy",
+        default=None,
+        choices=(*STRATEGIES, *STRATEGY_ALIASES),
+        help="how labels are decided (default: auto; first_token, trie and greedy are the first pcd's names)",
+    )
+    p.add_argument("--no-anchor", action="store_true", help="decide every field in one pass (no anchor wave)")
+    p.add_argument("--temperature", type=float, default=None, help="reshape the reported probabilities (> 0)")
+    p.add_argument("--max-tokens", type=int, default=None, help="token limit of each generated field's value")
+    p.add_argument("--memory-budget-mb", type=float, default=None, help="peak memory of one pass, in MiB")
+    p.add_argument("--instructions", default=None, help="text that replaces pcd's own instruction sentence")
+    p.add_argument("--no-list-choices", action="store_true", help="do not list the allowed values in the prompt")
+    p.add_argument("--quoted-booleans", action="store_true", help='write booleans as "true" / "false"')
+    p.add_argument(
+        "--calibration", metavar="CAL.json", default=None, help="correct label priors with a pcd calibrate file"
+    )
+    p.add_argument(
+        "--min-probability",
+        type=float,
+        default=None,
+        metavar="P",
+        help="abstain below this probability: Optional fields answer null, the others are flagged",
+    )
+    p.add_argument(
+        "--correction",
+        default=None,
+        choices=CORRECTIONS,
+        help="divide out the model's label lean: estimated on the documents decided together (batch), on "
+        "content-free inputs (content_free), batch where 16 or more are decided together else content_free, on "
+        "the fields read whole anyway (auto, the default), or not at all (none: the model's own decisions)",
+    )
