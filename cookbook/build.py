@@ -369,7 +369,7 @@ from pcd_engine.tools.datasets import load_dataset
 from pcd_engine.tools.eval import accuracy_coverage, eval_schema
 
 docs = load_dataset("bbc-news", limit=60, seed=7)
-texts, gold = [d.text[:1000] for d in docs], [d.label for d in docs]
+texts, gold = [d.text[:600] for d in docs], [d.label for d in docs]
 schema = eval_schema("topic", gold, description="The section of the news site")
 
 
@@ -422,7 +422,7 @@ from pathlib import Path
 from pcd_engine import Calibrator
 
 seen = set(texts)
-unlabelled = [d.text[:1000] for d in load_dataset("bbc-news", limit=90, seed=8) if d.text[:1000] not in seen][:60]
+unlabelled = [d.text[:600] for d in load_dataset("bbc-news", limit=90, seed=8) if d.text[:600] not in seen][:60]
 cal = Calibrator.fit(engine, unlabelled, schema, method="em")
 path = cal.save(Path(tempfile.mkdtemp()) / "bbc-topic.calibration.json")
 lean = cal.field("topic")
