@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from pcd_engine import Engine  # noqa: E402
 from pcd_engine.schema import load_preset  # noqa: E402
-from pcd_engine.tools.baseline import median_ms  # noqa: E402
+from pcd_engine.tools.comparators import median_ms  # noqa: E402
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset  # noqa: E402
 from pcd_engine.tools.greedy_walk import generate_greedy_walk  # noqa: E402
 from pcd_engine.tools.terminal import table  # noqa: E402

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pcd_engine.tools.baseline import median_ms
-from pcd_engine.tools.bench import one_wave
+from pcd_engine.decide.planner import one_wave
+from pcd_engine.tools.comparators import median_ms
 
 __all__ = ["floor_ms", "median_ms", "one_wave", "peak_rss"]
 

@@ -44,7 +44,8 @@ from pcd_engine.run.batch import Document, read_batch, run_batch
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.collector import Collector
 from pcd_engine.run.compile_cache import CompileCache, Head
-from pcd_engine.run.request import Request, prefill
+from pcd_engine.run.opening import prefill
+from pcd_engine.run.request import Request
 from pcd_engine.schema import Schema, compile_schema
 
 __all__ = ["SHARED_ENGINES", "Engine", "EngineOptions"]

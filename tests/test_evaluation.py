@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pcd_engine.errors import DatasetError, OptionError
-from pcd_engine.tools.baseline import parse_against
+from pcd_engine.tools.comparators import parse_against
 from pcd_engine.tools.datasets import agreement, classification_metrics, load_dataset
 from pcd_engine.tools.eval import eval_schema
 

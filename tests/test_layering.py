@@ -3,13 +3,15 @@ alike): one rule per layer of ``pcd_engine``.
 
 The layers, bottom to top (each may import the layers below it and itself, nothing above):
 
-``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``limits`` < ``options`` <
-``prompt`` < ``decide`` < ``calibrate`` < ``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` <
-``tools``; the facades (the package, ``__main__``, ``testing``) may import anything of pcd_engine.
+``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.calibrator`` <
+``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` < ``generate`` < ``result`` < ``run`` <
+``engine`` < ``tool_calls`` < ``tools``; the facades (the package, ``__main__``, ``testing``) may import anything
+of pcd_engine. What a lower layer needs of a higher one it names as a protocol (``run.host.Host``: the engine as a
+request sees it; ``generate.free_text.ChatModel``), never by importing it.
 
 The backends, the only code that touches tensors, import the token trees and the errors only (the rule above
-adds the lower utilities, of which they import none). ``KNOWN_UPWARD`` lists the imports that still go up a layer,
-each an import circle of the restructuring (issue 38) that is not broken yet; it may only shrink.
+adds the lower utilities, of which they import none). No module is exempt, and no import circle is left, even
+through ``TYPE_CHECKING`` or a function-level import (:func:`import_circles`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ LAYERS = [
     "backends",
     "models",
     "schema",
+    "calibrate.calibrator",
     "limits",
     "options",
     "prompt",
@@ -41,16 +44,9 @@ LAYERS = [
 ]
 FACADES = {"__init__.py", "__main__.py", "testing.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
-# Imports that go up a layer today: (importing module, imported layer). Each is a circle still to break.
-KNOWN_UPWARD = {
-    ("backends/mlx.py", "models"),
-    ("options.py", "calibrate"),
-    ("calibrate/correction.py", "engine"),
-    ("generate/free_text.py", "engine"),
-    ("run/batch.py", "engine"),
-    ("run/collector.py", "engine"),
-    ("run/request.py", "engine"),
-}
+# Modules that sit below the rest of their package: the token trees (what backends score), the calibrator (a
+# value the options carry).
+SUBLAYERS = {"decide.tree", "calibrate.calibrator"}
 
 
 def pcd_imports(path: Path) -> set[str]:
@@ -65,12 +61,84 @@ def pcd_imports(path: Path) -> set[str]:
     return found
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Every module of pcd_engine (dotted; a package by its name) with the pcd_engine modules it imports anywhere
+    in its file. ``from package import name`` counts as importing the submodule ``name`` when there is one (the
+    package's own ``__init__`` is then only the parent every submodule has)."""
+    files = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        found: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("pcd_engine"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & files.keys()
+                found |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names if a.name.startswith("pcd_engine")}
+        graph[name] = {_known(m, files) for m in found} - {name, None}  # type: ignore[misc]
+    return graph
+
+
+def _known(module: str, files: dict[str, Path]) -> str | None:
+    """The longest prefix of ``module`` that is a module of pcd_engine (an imported name is not one)."""
+    parts = module.split(".")
+    while parts and ".".join(parts) not in files:
+        parts.pop()
+    return ".".join(parts) or None
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan's algorithm,
+    iterative): each is an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next((w for w in edges), None)
+            if nxt is not None:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                elif nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    circles.append(sorted(component))
+    return circles
+
+
 def layer(module: str) -> str | None:
     """The layer of a ``pcd_engine...`` module name (or of a file's path relative to the package, dotted),
     ``None`` for the package itself and what it re-exports."""
     parts = module.removeprefix("pcd_engine").strip(".").split(".")
-    if parts[:2] == ["decide", "tree"]:
-        return "decide.tree"
+    if ".".join(parts[:2]) in SUBLAYERS:
+        return ".".join(parts[:2])
     return parts[0] if parts[0] in RANK else None
 
 
@@ -81,7 +149,7 @@ def upward(path: Path, rel: str | None = None) -> list[str]:
     own = layer(rel.removesuffix(".py").replace("/", "."))
     assert own is not None, f"{rel} is in no layer: add it to LAYERS"
     found = {layer(m) for m in pcd_imports(path)}
-    return sorted(x for x in found if x is not None and RANK[x] > RANK[own] and (rel, x) not in KNOWN_UPWARD)
+    return sorted(x for x in found if x is not None and RANK[x] > RANK[own])
 
 
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).as_posix() not in FACADES)
@@ -96,8 +164,6 @@ def test_every_module_imports_only_its_layer_and_those_below(path):
 @pytest.mark.parametrize("path", sorted((PACKAGE / "backends").glob("*.py")), ids=lambda p: p.name)
 def test_backends_import_only_trees_and_errors(path):
     allowed = {"decide.tree", "errors", "backends"}
-    if (f"backends/{path.name}", "models") in KNOWN_UPWARD:
-        allowed.add("models")
     wrong = sorted(m for m in pcd_imports(path) if layer(m) not in allowed)
     assert not wrong, f"{path.name} imports {wrong}"
 
@@ -143,19 +209,21 @@ def test_the_tree_module_imports_nothing_of_pcd():
     assert pcd_imports(PACKAGE / "decide" / "tree.py") == set()
 
 
-def test_known_upward_imports_are_still_there():
-    """An exemption whose import is gone must leave the list (it may only shrink)."""
-    for rel, target in KNOWN_UPWARD:
-        found = {layer(m) for m in pcd_imports(PACKAGE / rel)}
-        assert target in found, f"{rel} no longer imports {target}: remove it from KNOWN_UPWARD"
-
-
 def test_the_top_level_holds_at_most_twelve_modules():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 12, top
     assert {"decide", "run", "prompt", "generate", "calibrate", "models", "schema", "backends", "tools"} <= {
         p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()
     }
+
+
+def test_no_import_circle_even_through_type_checking():
+    assert import_circles(module_graph()) == []
+
+
+def test_the_circle_check_can_fail():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
 
 
 def test_the_rule_can_fail(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from pcd_engine import BackendUnavailableError, Engine, ModelLoadError, OptionError
 from pcd_engine.backends import select_backend
-from pcd_engine.models.resolve import mlx_config_overrides, mlx_weights_fix
+from pcd_engine.backends.mlx_load import mlx_config_overrides, mlx_weights_fix
 from tests.conformance import SHARED_PREFIXES, TEXT
 from tests.support import mlx_available, save_tiny, tiny_model
 

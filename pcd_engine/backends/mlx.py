@@ -27,8 +27,6 @@ imported, so mlx's BLAS calls resolve to it (:func:`preload_blas`). ``PCD_MLX_BL
 
 from __future__ import annotations
 
-import math
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.backends.mlx_load import load_mlx_model
 from pcd_engine.backends.mlx_tree import (
     TreeLayer,
     TreePass,
@@ -537,91 +536,3 @@ def _picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int], ar
     picked = logits[where, mx.array(list(tokens))] - norm[where]
     mx.eval(picked, arrays)
     return np.array(picked, dtype=np.float64)
-
-
-def load_mlx_model(path: str) -> tuple[Any, Any]:
-    """``mlx_lm.load(path)``, for a folder written by transformers 5 as well as an MLX conversion.
-
-    The folder is not changed: its config.json gets the top-level keys mlx-lm reads
-    (:func:`~pcd_engine.models.resolve.mlx_config_overrides`) and, for model types that transformers saves in another
-    layout (gpt-oss's experts), its weights are rewritten on load (:func:`~pcd_engine.models.resolve.mlx_weights_fix`).
-
-    Args:
-        path: A local folder with ``config.json``, or a repo id in the local Hugging Face cache.
-
-    Returns:
-        The mlx-lm model, unwrapped, and mlx-lm's tokenizer wrapper.
-
-    Raises:
-        Exception: Whatever mlx-lm raises for a folder it cannot load (:meth:`MLXBackend.load` wraps it).
-    """
-    import importlib
-    import json
-    from pathlib import Path
-
-    import mlx_lm
-
-    from pcd_engine.models.resolve import mlx_config_overrides, mlx_weights_fix
-
-    import_mlx()  # the system BLAS first
-    config: dict[str, Any] = {}
-    config_file = os.path.join(path, "config.json")
-    if os.path.isfile(config_file):
-        with open(config_file) as f:
-            config = json.load(f)
-    overrides = mlx_config_overrides(config)
-    fix = mlx_weights_fix(config)
-    if fix is None:
-        loaded: Any = mlx_lm.load(path, model_config=overrides, return_config=True)
-        _untruncated_yarn(loaded[0], loaded[2])
-        return loaded[0], loaded[1]
-    from mlx_lm.utils import load_model, load_tokenizer
-
-    rewrite: Callable[[dict[str, Any]], dict[str, Any]] = fix
-
-    def classes(config: dict[str, Any]) -> tuple[Any, Any]:
-        module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
-
-        class Model(module.Model):  # type: ignore[misc, name-defined]
-            def sanitize(self, weights: dict[str, Any]) -> Any:
-                return super().sanitize(rewrite(weights))
-
-        return Model, module.ModelArgs
-
-    model, merged = load_model(Path(path), model_config=overrides, get_model_classes=classes)
-    _untruncated_yarn(model, merged)
-    return model, load_tokenizer(Path(path), eos_token_ids=merged.get("eos_token_id"))
-
-
-def _untruncated_yarn(model: Any, config: dict[str, Any]) -> None:
-    """Give mlx-lm's YaRN rotary embeddings the frequencies of a config that says ``truncate: false``.
-
-    mlx-lm rounds YaRN's correction range to whole dimensions (floor and ceil) whatever the config says;
-    transformers and OpenAI's reference implementation of gpt-oss, whose config sets ``truncate: false``, do not.
-    The rounding moves every rotary frequency in the ramp, so without this the two backends compute different
-    models (a tiny gpt-oss: log-probs 0.26 apart).
-    """
-    scaling = config.get("rope_scaling") or {}
-    if scaling.get("truncate", True) or scaling.get("rope_type", scaling.get("type")) != "yarn":
-        return
-    import mlx.core as mx
-    from mlx_lm.models.rope_utils import YarnRoPE
-
-    base = float(config.get("rope_theta", 10000.0))
-    factor = float(scaling.get("factor", 1.0))
-    original = float(scaling.get("original_max_position_embeddings", 4096))
-    for _, module in model.named_modules():
-        if not isinstance(module, YarnRoPE):
-            continue
-        dims = module.dims
-
-        def correction_dim(rotations: float, dims: int = dims) -> float:
-            return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-        low = max(correction_dim(float(scaling.get("beta_fast") or 32)), 0.0)
-        high = min(correction_dim(float(scaling.get("beta_slow") or 1)), dims - 1.0)
-        extra = base ** (np.arange(0, dims, 2, dtype=np.float64) / dims)
-        inter = factor * extra
-        ramp = np.clip((np.arange(dims // 2, dtype=np.float64) - low) / ((high - low) or 0.001), 0.0, 1.0)
-        keep = 1.0 - ramp
-        module._freqs = mx.array((inter * extra / (inter * keep + extra * (1.0 - keep))).astype(np.float32))

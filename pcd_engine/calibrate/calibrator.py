@@ -319,14 +319,13 @@ class Calibrator:
             OptionError: If there are no texts, the method is unknown, the options carry a calibration, or an
                 example labels a field that is not calibrated or with a value the field does not allow.
         """
-        from pcd_engine.options import ExtractOptions
         from pcd_engine.schema import compile_schema
 
         if method not in CALIBRATION_METHODS:
             raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {method!r}.")
         if not texts:
             raise OptionError("Calibration: expected at least one document to fit on, but got none.")
-        call = ExtractOptions.parse(options)
+        call = engine.resolve(options)  # over the engine's defaults, as the calls it will correct
         if call.calibration is not None:
             raise OptionError("Calibration: expected options without a calibration to fit a new one on.")
         # every label's probability, as the calibrated calls will read them, and the model's own (no correction)

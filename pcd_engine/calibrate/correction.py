@@ -11,7 +11,8 @@ the lean ``b`` from the user's unlabelled documents; the corrections here estima
   :data:`MIN_BATCH` documents is left uncorrected (with a warning), since EM on a handful of documents mostly
   undoes their own evidence. The answers do not depend on the order of the documents within a batch.
 * ``"content_free"``: the mean distribution on :data:`CONTENT_FREE_TEXTS`, inputs that say nothing (Zhao et al.,
-  2021), read once per schema and prompt format and kept with the engine: it works for a single call.
+  2021), read once per schema and prompt format and kept with the engine (:func:`pcd_engine.run.opening.content_free`):
+  it works for a single call.
 * ``"auto"`` (the engine's default), the best of ``benchmarks/bench_corrections.py``'s table on each path, for
   the single-choice fields of up to ``marginal_max_labels`` labels, whose every label is cheap to read:
 
@@ -37,14 +38,13 @@ examples is the remedy there.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
 from pcd_engine.decide.decoding import Decision
 from pcd_engine.schema import FieldSpec, Schema
 
 if TYPE_CHECKING:
-    from pcd_engine.engine import Engine
     from pcd_engine.options import ExtractOptions
 
 __all__ = [
@@ -52,7 +52,6 @@ __all__ = [
     "CORRECTION_WINDOW",
     "MIN_BATCH",
     "batch_priors",
-    "content_free",
     "field_rows",
     "auto_corrects",
     "correctable",
@@ -138,21 +137,3 @@ def batch_priors(schema: Schema, model: str, rows: Mapping[str, Sequence[Sequenc
     prior: what a :class:`Calibrator` fitted with ``method="em"`` on these documents would divide out."""
     fitted = Calibrator.from_distributions(schema, rows, model=model, method="em")
     return {prior.name: prior for prior in fitted.fields}
-
-
-def content_free(engine: Engine, schema: Schema, call: ExtractOptions) -> Calibrator:
-    """The ``"content_free"`` lean of ``schema`` in this call's prompt format and reading: a mean-prior
-    :class:`Calibrator` fitted on :data:`CONTENT_FREE_TEXTS` (their closed fields decided in one batch, nothing
-    generated), fitted once and kept in the engine's compile cache. Under ``"auto"`` with the engine's choice of
-    strategy, the fields are read with the marginal strategy, as the call reads the fields it corrects."""
-    from dataclasses import replace
-
-    strategy = "marginal" if call.correction == "auto" else call.strategy
-    plain = replace(call, calibration=None, correction="none", min_probability=None, strategy=strategy)
-    key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
-
-    def fit() -> Any:
-        return Calibrator.fit(engine, CONTENT_FREE_TEXTS, schema, method="mean", options=plain)
-
-    lean: Calibrator = engine.cache.leans.get_or_build(key, fit)
-    return lean

@@ -9,11 +9,12 @@ several passes only when one would exceed the memory budget.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import replace
 
 from pcd_engine.decide.tree import TokenTree, TreeBatch
 from pcd_engine.schema import FieldSpec, Schema
 
-__all__ = ["TreeBatch", "plan_passes", "plan_waves"]
+__all__ = ["TreeBatch", "one_wave", "plan_passes", "plan_waves"]
 
 
 def plan_waves(schema: Schema, *, anchor: bool) -> list[list[FieldSpec]]:
@@ -139,3 +140,12 @@ def plan_passes(
             )
         )
     return batches
+
+
+def one_wave(schema: Schema) -> Schema:
+    """The schema with ``depends_on`` dropped, so that with ``anchor=False`` every field is in ONE wave."""
+    return replace(
+        schema,
+        fields=tuple(replace(f, depends_on=()) for f in schema.fields),
+        fingerprint=schema.fingerprint + "-flat",
+    )

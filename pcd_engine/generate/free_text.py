@@ -10,16 +10,16 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from pcd_engine.backends.contract import Backend
 from pcd_engine.errors import ContextError, OptionError, RequestTimeout
-from pcd_engine.prompt.chat_prompt import render_chat
-
-if TYPE_CHECKING:
-    from pcd_engine.engine import Engine
+from pcd_engine.generate.open_rows import Grammars
+from pcd_engine.prompt.chat_prompt import TokenizerView, render_chat
 
 __all__ = [
     "ChatMessage",
+    "ChatModel",
     "JsonReply",
     "TextChunk",
     "chat_prompt_ids",
@@ -30,6 +30,20 @@ __all__ = [
 ]
 
 _ROLES = ("system", "user", "assistant")
+
+
+class ChatModel(Protocol):
+    """What free text needs of a loaded model (an :class:`~pcd_engine.engine.Engine` is one): its backend, its
+    tokenizer and its grammar cache."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def tokenizer(self) -> TokenizerView: ...
+
+    @property
+    def grammars(self) -> Grammars: ...
 
 
 @dataclass(frozen=True)
@@ -155,7 +169,7 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
 
 
 def stream_chat(
-    engine: Engine,
+    engine: ChatModel,
     messages: Sequence[ChatMessage],
     *,
     max_new_tokens: int = 256,
@@ -190,7 +204,7 @@ def stream_chat(
 
 
 def stream_text(
-    engine: Engine,
+    engine: ChatModel,
     prompt: str,
     *,
     max_new_tokens: int = 16,
@@ -210,7 +224,7 @@ def stream_text(
 
 
 def _stream(
-    engine: Engine,
+    engine: ChatModel,
     prompt: Callable[[], list[int]],
     what: str,
     *,
@@ -264,7 +278,7 @@ def _stream(
 
 
 def json_chat(
-    engine: Engine,
+    engine: ChatModel,
     messages: Sequence[ChatMessage],
     *,
     schema: Mapping[str, Any] | None = None,

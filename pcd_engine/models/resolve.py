@@ -15,14 +15,13 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import filelock
 import platformdirs
 
+from pcd_engine.backends.mlx_load import mlx_config_overrides
 from pcd_engine.errors import ModelLoadError, OptionError
 
 __all__ = [
@@ -38,8 +37,6 @@ __all__ = [
     "gguf_model_path",
     "hub_offline",
     "in_hub_cache",
-    "mlx_config_overrides",
-    "mlx_weights_fix",
     "ollama_dir",
     "ollama_gguf",
     "resolve_model",
@@ -242,102 +239,6 @@ def _convert(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
     config = json.loads(config_path.read_text())
     config.update(mlx_config_overrides(config))
     config_path.write_text(json.dumps(config, indent=2))
-
-
-def mlx_config_overrides(config: dict[str, Any]) -> dict[str, Any]:
-    """Keys that mlx-lm needs but a config.json written by transformers 5 keeps elsewhere.
-
-    transformers 5 nests RoPE settings under ``rope_parameters`` (per layer type for Gemma 3) and describes
-    sliding and linear-attention layers with ``layer_types``; mlx-lm 0.32 reads ``rope_theta``, ``rope_scaling``,
-    ``rope_local_base_freq``, ``sliding_window_pattern`` and ``full_attention_interval`` at the top level and
-    otherwise silently falls back to its own defaults (Qwen2's is 1e6 where transformers' is 1e4), which changes
-    every logit. LFM2 needs ``block_dim`` (transformers: ``hidden_size``), and a text-only Qwen3.5 folder
-    (``qwen3_5_text``) loads as mlx-lm's ``qwen3_5``, which takes a bare text config.
-
-    Args:
-        config: The parsed config.json.
-
-    Returns:
-        The top-level keys to add; keys already present are never overridden, except a ``model_type`` that
-        mlx-lm names differently.
-    """
-    out: dict[str, Any] = {}
-    params = config.get("rope_parameters") or {}
-    by_type = {k: v for k, v in params.items() if isinstance(v, dict)}
-    full = by_type.get("full_attention", params if not by_type else {})
-    if full.get("rope_theta") is not None:
-        out["rope_theta"] = full["rope_theta"]
-    if full.get("rope_type", "default") != "default" and not config.get("rope_scaling"):
-        out["rope_scaling"] = {k: v for k, v in full.items() if k != "rope_theta"}
-    local = by_type.get("sliding_attention", {})
-    if local.get("rope_theta") is not None:
-        out["rope_local_base_freq"] = local["rope_theta"]
-    types = config.get("layer_types") or []
-    period = _full_attention_period(types)
-    if period and "sliding_attention" in types:
-        out["sliding_window_pattern"] = period
-    if period and "linear_attention" in types:
-        out["full_attention_interval"] = period
-    if config.get("model_type") == "lfm2" and config.get("hidden_size"):
-        out["block_dim"] = config["hidden_size"]
-    out = {k: v for k, v in out.items() if k not in config}
-    if config.get("model_type") in _MLX_MODEL_TYPES:
-        out["model_type"] = _MLX_MODEL_TYPES[config["model_type"]]
-    return out
-
-
-def mlx_weights_fix(config: dict[str, Any]) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
-    """A rewrite of a folder's weights into a layout mlx-lm's ``sanitize`` accepts, where transformers saves another.
-
-    gpt-oss: transformers saves the experts unquantized as ``experts.gate_up_proj`` (experts x hidden x 2 inter,
-    gate and up interleaved on the last axis) and ``experts.down_proj`` (experts x inter x hidden); mlx-lm reads
-    the original checkpoint's MXFP4 ``*_blocks`` or its own split, transposed ``gate_proj`` / ``up_proj`` /
-    ``down_proj`` weights, and rejects the rest.
-
-    Args:
-        config: The parsed config.json.
-
-    Returns:
-        A function from weight name to array (mlx or numpy) to the rewritten mapping, or ``None`` when the model
-        type needs none. The function leaves weights already in mlx-lm's layouts as they are.
-    """
-    return _gpt_oss_weights if config.get("model_type") == "gpt_oss" else None
-
-
-def _gpt_oss_weights(weights: dict[str, Any]) -> dict[str, Any]:
-    if not any(k.endswith(".experts.gate_up_proj") for k in weights):
-        return weights
-    out: dict[str, Any] = {}
-    for key, value in weights.items():
-        head, _, name = key.rpartition(".experts.")
-        experts = f"{head}.experts."
-        if not head or name not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
-            out[key] = value
-        elif name == "gate_up_proj":
-            out[experts + "gate_proj.weight"] = value[..., ::2].swapaxes(-1, -2)
-            out[experts + "up_proj.weight"] = value[..., 1::2].swapaxes(-1, -2)
-        elif name == "gate_up_proj_bias":
-            out[experts + "gate_proj.bias"] = value[..., ::2]
-            out[experts + "up_proj.bias"] = value[..., 1::2]
-        elif name == "down_proj":
-            out[experts + "down_proj.weight"] = value.swapaxes(-1, -2)
-        else:
-            out[experts + "down_proj.bias"] = value
-    return out
-
-
-_MLX_MODEL_TYPES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe", "ministral": "llama"}
-"""transformers' text-only model types that mlx-lm knows under another name."""
-
-
-def _full_attention_period(types: list[str]) -> int | None:
-    """``k`` when every ``k``-th layer (and only those) is full attention, the form mlx-lm's configs take."""
-    if "full_attention" not in types:
-        return None
-    period = types.index("full_attention") + 1
-    if all((t == "full_attention") == (i % period == period - 1) for i, t in enumerate(types)):
-        return period
-    return None
 
 
 def resolve_model(

@@ -24,10 +24,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
+from pcd_engine.calibrate.calibrator import FieldPrior
 from pcd_engine.calibrate.correction import MIN_BATCH, batch_priors, field_rows
 from pcd_engine.decide.decoding import Decision
 from pcd_engine.decide.tree import TreeBatch
@@ -35,12 +36,9 @@ from pcd_engine.generate.open_rows import OpenRows
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult, FieldResult
 from pcd_engine.run.admission import check_text
+from pcd_engine.run.host import Host
 from pcd_engine.run.request import Request, WavePlan
 from pcd_engine.schema import Schema
-
-if TYPE_CHECKING:
-    from pcd_engine.calibrate.calibrator import FieldPrior
-    from pcd_engine.engine import Engine
 
 __all__ = [
     "Batch",
@@ -343,7 +341,7 @@ class Document:
 
 
 def run_batch(
-    engine: Engine, documents: Sequence[Document], *, max_documents: int, started: float | None = None
+    engine: Host, documents: Sequence[Document], *, max_documents: int, started: float | None = None
 ) -> list[ExtractionResult | Exception]:
     """Open each document's request (a failure to open is that document's exception), decide them as one
     :class:`Batch`, and return a result or exception per document, in order.
@@ -359,7 +357,7 @@ def run_batch(
 
 
 def read_batch(
-    engine: Engine, documents: Sequence[Document], *, max_documents: int
+    engine: Host, documents: Sequence[Document], *, max_documents: int
 ) -> list[dict[str, FieldResult] | Exception]:
     """:func:`run_batch` for the closed fields only: each document's closed fields' results by name (the open
     fields are not generated), or its exception, in order. What a calibration is fitted from."""
@@ -368,7 +366,7 @@ def read_batch(
 
 
 def open_batch(
-    engine: Engine, documents: Sequence[Document], *, max_documents: int, started: float | None = None
+    engine: Host, documents: Sequence[Document], *, max_documents: int, started: float | None = None
 ) -> Batch:
     """Open each document's request into one :class:`Batch` (a failure to open is that document's exception).
     Documents with at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` others of the same schema and options are

@@ -16,16 +16,14 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
 from pcd_engine.run.batch import Document, run_batch
+from pcd_engine.run.host import Host
 from pcd_engine.schema import compile_schema
-
-if TYPE_CHECKING:
-    from pcd_engine.engine import Engine
 
 __all__ = ["Collector"]
 
@@ -51,7 +49,7 @@ class Collector:
         >>> [f.result().values for f in futures]                            # doctest: +SKIP
     """
 
-    def __init__(self, engine: Engine, *, window_ms: float = 5.0, max_documents: int | None = None) -> None:
+    def __init__(self, engine: Host, *, window_ms: float = 5.0, max_documents: int | None = None) -> None:
         if not window_ms >= 0:
             raise OptionError(f"window_ms: expected a number >= 0, but got {window_ms!r}.")
         self.engine = engine

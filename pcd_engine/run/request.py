@@ -14,18 +14,12 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pcd_engine.backends.contract import Backend, Prefix, RequestState
-from pcd_engine.calibrate.correction import (
-    MIN_BATCH,
-    content_free,
-    correctable,
-    reads_content_free,
-    reads_whole_in_batch,
-)
+from pcd_engine.backends.contract import Backend, RequestState
+from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
+from pcd_engine.calibrate.correction import MIN_BATCH, correctable, reads_whole_in_batch
 from pcd_engine.decide.compiler import CompiledWave, questions, written_value
 from pcd_engine.decide.decoding import Decision, Exact, Fixed, Strategy, choose_strategy
 from pcd_engine.decide.planner import plan_passes, plan_waves
@@ -33,7 +27,7 @@ from pcd_engine.decide.staging import PassCost, WaveSearch, plan_reading
 from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import LimitError, PromptAlignmentError
 from pcd_engine.generate.open_rows import OpenRows
-from pcd_engine.limits import RequestLimits, Watch
+from pcd_engine.limits import Watch
 from pcd_engine.options import ExtractOptions
 from pcd_engine.prompt.chat_prompt import field_line
 from pcd_engine.result import (
@@ -45,16 +39,13 @@ from pcd_engine.result import (
     multi_result,
     scored_result,
 )
-from pcd_engine.run.admission import check_budget, check_sizes, check_window
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.compile_cache import Head
+from pcd_engine.run.host import Host
+from pcd_engine.run.opening import admit, open_correction
 from pcd_engine.schema import FieldSpec, Schema
 
-if TYPE_CHECKING:
-    from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
-    from pcd_engine.engine import Engine
-
-__all__ = ["PHASES", "Request", "WavePlan", "prefill"]
+__all__ = ["PHASES", "Request", "WavePlan"]
 
 PHASES = ("tokenize", "prefill", "correction", "compile", "forward", "decode", "generate")
 _EMPTY = TreeBatch((), (), (), (), (), ())
@@ -129,7 +120,7 @@ class Request:
             schema under ``"auto"``: the fields auto corrects are read exact and whole, for the batch's lean.
     """
 
-    engine: Engine
+    engine: Host
     schema: Schema
     call: ExtractOptions
     head: Head
@@ -166,7 +157,7 @@ class Request:
     @classmethod
     def open(
         cls,
-        engine: Engine,
+        engine: Host,
         schema: Schema,
         call: ExtractOptions,
         document: str,
@@ -186,67 +177,28 @@ class Request:
             PromptAlignmentError: If the document changed the tokenization of the prompt's tail.
             RequestCancelled: If cancelled, or out of time, before the head prefill.
         """
-        backend = engine.backend
-        if call.calibration is not None:
-            call.calibration.check(schema, engine.model_id)
-        open_fields = [f for f in schema.fields if not f.scored]
-        check_sizes(schema, open_fields, call)
-        for spec in open_fields:
-            engine.grammars.grammar(spec)  # llguidance must accept the value schema before any model work
-        tick = time.perf_counter()
-        fmt = call.prompt_format
-        head, prefix = engine.cache.head(schema, fmt)
-        ids = head.prompt.request_ids(engine.tokenizer, document, special_tokens=engine.options.special_tokens)
-        if tuple(ids[len(ids) - len(head.tail0_ids) :]) != head.tail0_ids:
-            raise PromptAlignmentError(
-                "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
-                "their tokenization. Strip unusual trailing characters from the text."
-            )
-        deepest = check_window(
-            backend,
-            schema,
-            open_fields,
-            head_tokens=len(head.prompt.head_ids),
-            tail_tokens=len(head.tail0_ids),
-            prompt_tokens=len(ids),
-            limit=int(call.max_tokens or 1),
-        )
-        budget = PassBudget.of(backend, call.memory_budget_mb)
-        check_budget(budget, prompt_tokens=len(ids), deepest=deepest)
-        watch = Watch((call.limits or RequestLimits()).time_limit_s, cancelled)
-        tokenize_ms = (time.perf_counter() - tick) * 1000
-        prefill_passes, prefill_ms = 0, 0.0
-        if prefix is None:
-            watch.check("the head prefill")
-            before, tick = backend.thread_passes, time.perf_counter()
-            prefix = engine.prefill_head(schema, fmt, head, budget)
-            prefill_passes, prefill_ms = backend.thread_passes - before, (time.perf_counter() - tick) * 1000
+        admitted = admit(engine, schema, call, document, cancelled=cancelled)
+        prefix, prefill_passes, prefill_ms = admitted.prefilled(engine, schema, call)
+        head, ids = admitted.head, admitted.ids
         request = cls(
             engine=engine,
             schema=schema,
             call=call,
             head=head,
-            state=backend.start(prefix),
+            state=engine.backend.start(prefix),
             pending=list(ids[len(head.prompt.head_ids) : len(ids) - len(head.tail0_ids)]),
             tail_text=head.prompt.tail_text,
-            watch=watch,
-            budget=budget,
+            watch=admitted.watch,
+            budget=admitted.budget,
             prompt_tokens=len(ids),
             waves=plan_waves(schema, anchor=bool(call.anchor)),
             prefill_passes=prefill_passes,
             batched=batched and call.correction == "auto" and call.calibration is None,
         )
-        request.phases.update(tokenize=tokenize_ms, prefill=prefill_ms)
-        if call.calibration is not None:
-            request.correction, request.priors = "calibration", call.calibration
-        elif reads_content_free(schema, call, marginal_max_labels=engine.options.marginal_max_labels, batched=batched):
-            # "auto" in a large enough batch takes the batch's lean instead, wave by wave
-            before, tick = backend.thread_passes, time.perf_counter()
-            request.correction, request.priors = call.correction, content_free(engine, schema, call)
-            request.correction_passes = backend.thread_passes - before
-            request.phases["correction"] = (time.perf_counter() - tick) * 1000
-        elif call.correction in ("batch", "auto"):
-            request.correction = call.correction
+        correction = open_correction(engine, schema, call, batched=batched)
+        request.correction, request.priors = correction.name, correction.priors
+        request.correction_passes = correction.passes
+        request.phases.update(tokenize=admitted.tokenize_ms, prefill=prefill_ms, correction=correction.ms)
         return request
 
     def decide_wave(self, index: int) -> None:
@@ -610,16 +562,3 @@ class Request:
                 self.feed_ahead(keep=1)
                 passes = ahead
         return passes
-
-
-def prefill(backend: Backend, head: Head, budget: PassBudget) -> Prefix:
-    """Prefill a schema's head in causal chunks that fit the budget.
-
-    Raises:
-        LimitError: If not even one token of the instructions fits.
-    """
-    ids = head.prompt.head_ids
-    chunk = budget.fit(len(ids))
-    if chunk < 1 and ids:
-        raise budget.over("the schema's instructions")
-    return backend.prefill(ids, chunk=chunk if chunk < len(ids) else None)

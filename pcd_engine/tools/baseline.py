@@ -1,30 +1,27 @@
 """The baselines pcd is measured against: the same model writing the JSON token by token, from the same prompt.
 
 * :func:`generate_baseline`: plain greedy autoregressive (AR) generation after the prompt's opening ``{``.
-* :func:`generate_walk`: the first pcd's staged greedy trie walk (:mod:`pcd_engine.tools.greedy_walk`): one pass
-  per label token, expanding only the best token's subtree; it writes no JSON, so it is always valid.
 * :func:`generate_outlines`: greedy generation constrained to the schema's JSON Schema by outlines
   (``outlines_core``), through ``transformers``' ``generate`` on the engine's own PyTorch model. The prompt is
   pcd's prompt without the opening ``{``, which the grammar writes itself.
 
 Both report how valid the written object is: a parse error, missing keys, extra keys, or values outside the
-allowed labels. :data:`BASELINES` names them for ``pcd bench`` and ``pcd eval`` (``--against``), which time them
-with :func:`median_ms`.
+allowed labels. :data:`~pcd_engine.tools.comparators.BASELINES` names them, with the first pcd's greedy walk
+(:mod:`pcd_engine.tools.greedy_walk`), for ``pcd bench`` and ``pcd eval`` (``--against``).
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
 
-from pcd_engine.errors import BackendUnavailableError, ContextError, OptionError, pip_install, require
+from pcd_engine.errors import BackendUnavailableError, ContextError, pip_install, require
 from pcd_engine.generate.open_rows import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
@@ -33,16 +30,9 @@ if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
 __all__ = [
-    "BASELINES",
-    "INVALID",
     "BaselineResult",
-    "BaselineRun",
-    "median_ms",
-    "parse_against",
-    "ready",
     "generate_baseline",
     "generate_outlines",
-    "generate_walk",
     "json_object_closed",
     "partial_pairs",
     "stream_baseline",
@@ -309,84 +299,3 @@ def generate_outlines(engine: Engine, text: str, schema: Any, *, max_new_tokens:
     eos = engine.tokenizer.eos_ids
     written = engine.tokenizer.decode([t for t in new if t not in eos])
     return _result(compiled, written, len(new), len(new), ms, setup_ms)
-
-
-# ------------------------------------------------------------------------------------------ running them
-
-
-def generate_walk(engine: Engine, text: str, schema: Any, *, max_new_tokens: int | None = None) -> BaselineResult:
-    """The first pcd's staged greedy walk (see :mod:`pcd_engine.tools.greedy_walk`)."""
-    from pcd_engine.tools.greedy_walk import generate_greedy_walk
-
-    return generate_greedy_walk(engine, text, schema, max_new_tokens=max_new_tokens)
-
-
-BASELINES: dict[str, Callable[..., BaselineResult]] = {
-    "ar": generate_baseline,
-    "outlines": generate_outlines,
-    "walk": generate_walk,
-}
-INVALID = "<invalid>"
-
-Progress = Callable[[str], None]
-
-
-def ready(engine: Engine, against: Sequence[str]) -> None:
-    """Fail before any timing when a baseline cannot run on this engine."""
-    parse_against(",".join(against))
-    if "outlines" in against:
-        outlines_model(engine)
-
-
-def parse_against(text: str | None) -> tuple[str, ...]:
-    """Parse ``--against``: comma-separated names from :data:`BASELINES`, or ``none``/empty for no baseline.
-
-    Raises:
-        OptionError: If a name is unknown.
-    """
-    if not text or text.strip().lower() == "none":
-        return ()
-    names = tuple(dict.fromkeys(n.strip().lower() for n in text.split(",") if n.strip()))
-    unknown = [n for n in names if n not in BASELINES]
-    if unknown:
-        raise OptionError(f"--against: expected names from {sorted(BASELINES)} or 'none', but got {unknown}.")
-    return names
-
-
-def median_ms(fn: Callable[[], Any], repeats: int, sync: Callable[[], Any] = lambda: None) -> float:
-    """Median wall time of ``fn()`` over ``repeats`` runs, in ms; ``sync`` waits for the device around each."""
-    times = []
-    for _ in range(repeats):
-        sync()
-        started = time.perf_counter()
-        fn()
-        sync()
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
-
-
-@dataclass(frozen=True)
-class BaselineRun:
-    """One baseline on one preset.
-
-    Attributes:
-        method: The baseline's name in :data:`BASELINES`.
-        ms: Median wall time of its generation.
-        tokens: Tokens it wrote.
-        forward_passes: Forward passes it ran (AR and outlines: one per written token).
-        valid: Whether its object was a valid answer (parses, every key, allowed values, no extra keys).
-        errors: What was invalid, in words.
-        agree: How many fields equal pcd's default-settings decisions.
-        setup_ms: One-off work excluded from ``ms`` (outlines' index compilation).
-        speedup: ``ms`` divided by pcd's default-settings ms.
-    """
-
-    method: str
-    ms: float
-    tokens: int
-    forward_passes: int
-    valid: bool
-    errors: tuple[str, ...]
-    agree: int
-    setup_ms: float
-    speedup: float

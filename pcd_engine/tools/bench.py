@@ -3,7 +3,7 @@ the same prompt.
 
 pcd's ``extract`` (default settings, every field in one wave, and every label read in one pass) runs against each
 baseline
-(:data:`~pcd_engine.tools.baseline.BASELINES`), with tokens, validity, agreement of the fields and speed-ups.
+(:data:`~pcd_engine.tools.comparators.BASELINES`), with tokens, validity, agreement of the fields and speed-ups.
 Timings are medians of wall time. The first pcd call of a schema prefills its head and is not timed; outlines'
 one-off index compilation is reported apart (``setup_ms``), so both are compared warm.
 """
@@ -17,14 +17,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine.decide.planner import one_wave
 from pcd_engine.errors import OptionError
-from pcd_engine.schema import Preset, Schema
-from pcd_engine.tools.baseline import BASELINES, BaselineRun, Progress, median_ms, ready
+from pcd_engine.schema import Preset
+from pcd_engine.tools.comparators import BASELINES, BaselineRun, Progress, median_ms, ready
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
-__all__ = ["BenchRow", "bench_presets", "one_wave"]
+__all__ = ["BenchRow", "bench_presets"]
 
 
 @dataclass(frozen=True)
@@ -75,15 +76,6 @@ class BenchRow:
     def to_json(self) -> dict[str, Any]:
         """The row as plain JSON-ready data."""
         return dataclasses.asdict(self)
-
-
-def one_wave(schema: Schema) -> Schema:
-    """The schema with ``depends_on`` dropped, so that with ``anchor=False`` every field is in ONE wave."""
-    return dataclasses.replace(
-        schema,
-        fields=tuple(dataclasses.replace(f, depends_on=()) for f in schema.fields),
-        fingerprint=schema.fingerprint + "-flat",
-    )
 
 
 def bench_presets(

@@ -15,7 +15,7 @@ from pcd_engine.calibrate.correction import CORRECTION_WINDOW
 from pcd_engine.errors import OptionError
 from pcd_engine.options import CORRECTIONS
 from pcd_engine.schema import Schema, compile_schema
-from pcd_engine.tools.baseline import BASELINES, INVALID, Progress, ready
+from pcd_engine.tools.comparators import BASELINES, INVALID, Progress, ready
 from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classification_metrics
 
 if TYPE_CHECKING:

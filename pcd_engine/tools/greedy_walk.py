@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pcd_engine.decide.decoding import Decision
-from pcd_engine.decide.planner import plan_passes
+from pcd_engine.decide.planner import one_wave, plan_passes
 from pcd_engine.run.request import Request
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.baseline import BaselineResult
@@ -44,8 +44,6 @@ def generate_greedy_walk(
     Returns:
         The values (always valid: the walk ends on a label), the passes run and the wall time.
     """
-    from pcd_engine.tools.bench import one_wave
-
     tick = time.perf_counter()
     flat = one_wave(compile_schema(schema))
     call = engine.resolve(None, **{**knobs, "anchor": False, "max_tokens": max_new_tokens})

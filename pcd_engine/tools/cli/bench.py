@@ -32,8 +32,8 @@ def add(sub: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pcd_engine.tools.baseline import parse_against
     from pcd_engine.tools.bench import bench_presets
+    from pcd_engine.tools.comparators import parse_against
 
     against = parse_against(args.against)
     presets = [read_preset(ref) for ref in args.presets]

@@ -11,13 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
-
 from pcd_engine.errors import PCDError
-
-if TYPE_CHECKING:
-    pass
-
 from pcd_engine.tools.cli import bench, calibrate, check, eval, models, run, serve, tag
 
 __all__ = ["build_parser", "main"]

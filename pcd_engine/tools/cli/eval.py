@@ -53,7 +53,7 @@ def add(sub: Any) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from pcd_engine.tools.baseline import parse_against
+    from pcd_engine.tools.comparators import parse_against
     from pcd_engine.tools.datasets import load_dataset
     from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, eval_schema, evaluate, parse_corrections
 

@@ -7,8 +7,10 @@
   ``POST /api/baseline`` (the autoregressive answer streamed as Server-Sent Events): :mod:`.page_api`.
 * ``GET /v1/models`` and ``POST /v1/chat/completions`` (OpenAI-compatible): :mod:`.openai_api`.
 
-The rooms: :mod:`.app` (the app, its limits and HTTP plumbing), :mod:`.errors` (refusals and error bodies),
-:mod:`.models` (the request bodies as Pydantic models), and the two routers.
+The rooms: :mod:`.app` (the app and its HTTP plumbing: hosts, keys, header timeouts), :mod:`.server` (what every
+route shares: the engine, the limits, reading bodies), :mod:`.errors` (refusals and error bodies), :mod:`.models`
+(the request bodies as Pydantic models), :mod:`.answers` (the replies the OpenAI-style routes build), and the
+routers (:mod:`.page_api`, :mod:`.openai_api`, :mod:`.responses_api`).
 
 The engine is thread-safe: concurrent requests run in worker threads and interleave at forward-pass boundaries
 (the model runs one pass at a time), and each gets exactly the answer it would get alone. Every request is

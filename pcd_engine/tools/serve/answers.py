@@ -23,9 +23,9 @@ from pcd_engine.generate.free_text import ChatMessage, TextChunk, document_text,
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
 from pcd_engine.tool_calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
-from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, ResponsesRequest, parse_body
+from pcd_engine.tools.serve.server import Server
 
 __all__ = [
     "Answer",

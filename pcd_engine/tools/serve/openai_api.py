@@ -45,9 +45,9 @@ from pcd_engine.tools.serve.answers import (
     text_chunks,
     token_limit,
 )
-from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, documented
+from pcd_engine.tools.serve.server import Server
 
 __all__ = ["field_logprobs", "openai_router"]
 

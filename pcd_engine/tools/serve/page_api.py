@@ -20,9 +20,9 @@ from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.baseline import BaselineResult, partial_pairs, stream_baseline
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
-from pcd_engine.tools.serve.app import Server
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import BaselineRequest, ExtractRequest, documented, parse_body
+from pcd_engine.tools.serve.server import Server
 
 __all__ = ["page_router"]
 

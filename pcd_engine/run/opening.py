@@ -1,0 +1,169 @@
+"""Opening a request, before its first wave: the checks and the tokenization that come before any model work
+(:func:`admit`), the schema head's prefill when it is not cached (:func:`prefill`), and the lean the call divides
+out of its distributions (:func:`open_correction`, with the content-free lean read once per schema:
+:func:`content_free`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pcd_engine.backends.contract import Backend, Prefix
+from pcd_engine.calibrate.calibrator import Calibrator
+from pcd_engine.calibrate.correction import CONTENT_FREE_TEXTS, reads_content_free
+from pcd_engine.errors import PromptAlignmentError
+from pcd_engine.limits import RequestLimits, Watch
+from pcd_engine.options import ExtractOptions
+from pcd_engine.run.admission import check_budget, check_sizes, check_window
+from pcd_engine.run.budget import PassBudget
+from pcd_engine.run.compile_cache import Head
+from pcd_engine.run.host import Host
+from pcd_engine.schema import Schema
+
+__all__ = ["Admitted", "Correction", "admit", "content_free", "open_correction", "prefill"]
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request that passed every check, tokenized; nothing of the model has run.
+
+    Attributes:
+        head: The schema's head in the call's prompt format.
+        prefix: The head's cached prefix, or ``None`` when it is still to be prefilled (:meth:`prefilled`).
+        ids: The whole prompt's token ids (head, document, tail).
+        budget: The memory budget of one pass.
+        watch: The call's deadline and cancellation flag.
+        tokenize_ms: Milliseconds spent on the checks and the tokenization.
+    """
+
+    head: Head
+    prefix: Prefix | None
+    ids: list[int]
+    budget: PassBudget
+    watch: Watch
+    tokenize_ms: float
+
+    def prefilled(self, host: Host, schema: Schema, call: ExtractOptions) -> tuple[Prefix, int, float]:
+        """The head's prefix, prefilled now (and cached) when it was not: with the passes and milliseconds that
+        took (0 when cached).
+
+        Raises:
+            RequestCancelled: If the call was cancelled, or ran out of time, before the prefill.
+        """
+        if self.prefix is not None:
+            return self.prefix, 0, 0.0
+        self.watch.check("the head prefill")
+        before, tick = host.backend.thread_passes, time.perf_counter()
+        prefix = host.prefill_head(schema, call.prompt_format, self.head, self.budget)
+        return prefix, host.backend.thread_passes - before, (time.perf_counter() - tick) * 1000
+
+
+def admit(
+    host: Host, schema: Schema, call: ExtractOptions, document: str, *, cancelled: Callable[[], bool] | None = None
+) -> Admitted:
+    """Check a request and tokenize it, before any model work.
+
+    Raises:
+        LimitError: If the request needs more labels, tokens or memory than allowed.
+        ContextError: If it does not fit the model's window.
+        SchemaError: If an open field's JSON Schema cannot be constrained.
+        PromptAlignmentError: If the document changed the tokenization of the prompt's tail.
+        OptionError: If the call's calibration was fitted on another schema or model.
+    """
+    backend = host.backend
+    if call.calibration is not None:
+        call.calibration.check(schema, host.model_id)
+    open_fields = [f for f in schema.fields if not f.scored]
+    check_sizes(schema, open_fields, call)
+    for spec in open_fields:
+        host.grammars.grammar(spec)  # llguidance must accept the value schema before any model work
+    tick = time.perf_counter()
+    head, prefix = host.cache.head(schema, call.prompt_format)
+    ids = head.prompt.request_ids(host.tokenizer, document, special_tokens=host.options.special_tokens)
+    if tuple(ids[len(ids) - len(head.tail0_ids) :]) != head.tail0_ids:
+        raise PromptAlignmentError(
+            "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
+            "their tokenization. Strip unusual trailing characters from the text."
+        )
+    deepest = check_window(
+        backend,
+        schema,
+        open_fields,
+        head_tokens=len(head.prompt.head_ids),
+        tail_tokens=len(head.tail0_ids),
+        prompt_tokens=len(ids),
+        limit=int(call.max_tokens or 1),
+    )
+    budget = PassBudget.of(backend, call.memory_budget_mb)
+    check_budget(budget, prompt_tokens=len(ids), deepest=deepest)
+    watch = Watch((call.limits or RequestLimits()).time_limit_s, cancelled)
+    return Admitted(head, prefix, ids, budget, watch, (time.perf_counter() - tick) * 1000)
+
+
+def prefill(backend: Backend, head: Head, budget: PassBudget) -> Prefix:
+    """Prefill a schema's head in causal chunks that fit the budget.
+
+    Raises:
+        LimitError: If not even one token of the instructions fits.
+    """
+    ids = head.prompt.head_ids
+    chunk = budget.fit(len(ids))
+    if chunk < 1 and ids:
+        raise budget.over("the schema's instructions")
+    return backend.prefill(ids, chunk=chunk if chunk < len(ids) else None)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """The lean correction a request opens with.
+
+    Attributes:
+        name: ``"calibration"`` (the call's :class:`Calibrator`), ``"content_free"``, ``"batch"`` or ``"auto"``
+            (see :mod:`pcd_engine.calibrate.correction`), or ``None``.
+        priors: The calibrator the fields are corrected with (the call's, or the content-free one); ``None`` for
+            a batch correction, whose leans come with each wave.
+        passes: Passes spent reading the content-free lean (0 when it was cached or not needed).
+        ms: Milliseconds spent on it.
+    """
+
+    name: str | None = None
+    priors: Calibrator | None = None
+    passes: int = 0
+    ms: float = 0.0
+
+
+def open_correction(host: Host, schema: Schema, call: ExtractOptions, *, batched: bool) -> Correction:
+    """The correction of a request of ``schema`` under ``call``: the call's calibration; else the content-free
+    lean when the call reads it (:func:`~pcd_engine.calibrate.correction.reads_content_free`: ``"auto"`` in a
+    large enough batch takes the batch's lean instead, wave by wave); else the batch correction's name."""
+    if call.calibration is not None:
+        return Correction("calibration", call.calibration)
+    if reads_content_free(schema, call, marginal_max_labels=host.options.marginal_max_labels, batched=batched):
+        before, tick = host.backend.thread_passes, time.perf_counter()
+        lean = content_free(host, schema, call)
+        return Correction(
+            call.correction, lean, host.backend.thread_passes - before, (time.perf_counter() - tick) * 1000
+        )
+    if call.correction in ("batch", "auto"):
+        return Correction(call.correction)
+    return Correction()
+
+
+def content_free(host: Host, schema: Schema, call: ExtractOptions) -> Calibrator:
+    """The ``"content_free"`` lean of ``schema`` in this call's prompt format and reading: a mean-prior
+    :class:`Calibrator` fitted on :data:`~pcd_engine.calibrate.correction.CONTENT_FREE_TEXTS` (their closed fields
+    decided in one batch, nothing generated), fitted once and kept in the host's compile cache. Under ``"auto"``
+    with the engine's choice of strategy, the fields are read with the marginal strategy, as the call reads the
+    fields it corrects."""
+    strategy = "marginal" if call.correction == "auto" else call.strategy
+    plain = replace(call, calibration=None, correction="none", min_probability=None, strategy=strategy)
+    key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
+
+    def fit() -> Any:
+        return Calibrator.fit(host, CONTENT_FREE_TEXTS, schema, method="mean", options=plain)
+
+    lean: Calibrator = host.cache.leans.get_or_build(key, fit)
+    return lean

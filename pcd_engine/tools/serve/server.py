@@ -1,0 +1,152 @@
+"""What every route of ``pcd serve`` shares: :class:`Server`, the engine with the server's limits, and the steps
+each route takes (read a JSON body within the limits, parse a client's options, run an engine call in a worker
+thread that a client going away cancels). The app (:mod:`.app`) builds one and hands it to each router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pcd_engine.errors import OptionError
+from pcd_engine.limits import RequestLimits
+from pcd_engine.options import ExtractOptions
+from pcd_engine.result import ExtractionResult
+from pcd_engine.run.collector import Collector
+from pcd_engine.schema import Schema
+from pcd_engine.tools.serve.errors import HTTPError
+
+if TYPE_CHECKING:
+    from fastapi import Request
+
+    from pcd_engine.engine import Engine
+
+__all__ = ["Server"]
+
+
+@dataclass(frozen=True)
+class Server:
+    """What every route shares: the engine and the server's limits.
+
+    Attributes:
+        engine: A loaded engine (thread-safe; requests run in worker threads).
+        model_name: The model id that replies name; ``/v1/models`` lists it first.
+        max_body_bytes: Larger request bodies get 413.
+        max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
+        limits: What one extraction may ask for (labels, generated tokens, seconds).
+        body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+        aliases: Other names requests may use for the model (``default``, the alias, the folder).
+        collector: Collects concurrent extractions into shared batches (one pass per wave for all of them);
+            ``None`` runs each alone.
+    """
+
+    engine: Engine
+    model_name: str
+    max_body_bytes: int
+    max_new_tokens: int
+    limits: RequestLimits
+    body_timeout_s: float
+    aliases: tuple[str, ...] = ()
+    collector: Collector | None = None
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name ``/v1`` accepts for the model, the reply's name first."""
+        return tuple(dict.fromkeys((self.model_name, *self.aliases, "default")))
+
+    def check_model(self, name: Any) -> None:
+        """Accept any of :attr:`model_names` (and no model at all, as local servers do).
+
+        Raises:
+            HTTPError: 404 naming the accepted names.
+        """
+        if name is not None and name not in self.model_names:
+            message = f"Model {name!r}: expected one of {list(self.model_names)} (the names of the served model)."
+            raise HTTPError(404, "model_not_found", message, param="model")
+
+    async def read_json(self, request: Request) -> dict[str, Any]:
+        """The request's JSON object, read within the size and time limits.
+
+        Raises:
+            HTTPError: 415 for another media type, 413 for a body too large, 408 for one too slow, 400 for bad
+                JSON or a JSON value that is not an object.
+        """
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media != "application/json":
+            raise HTTPError(
+                415,
+                "unsupported_media_type",
+                f"Request body: expected Content-Type application/json, but got {media or 'none'!r}.",
+            )
+        too_large = HTTPError(413, "request_too_large", f"Request body: expected at most {self.max_body_bytes} bytes.")
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise too_large
+        body = bytearray()
+        chunks = request.stream().__aiter__()
+        while True:
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=self.body_timeout_s)
+            except StopAsyncIteration:
+                break
+            except asyncio.TimeoutError:
+                message = f"Request body: expected each part within {self.body_timeout_s:g} s."
+                raise HTTPError(408, "request_timeout", message) from None
+            body += chunk
+            if len(body) > self.max_body_bytes:
+                raise too_large
+        try:
+            data = json.loads(bytes(body) or b"null")
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            detail = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+            raise HTTPError(400, "invalid_json", f"Request body: expected JSON, but got bad JSON ({detail}).") from None
+        if not isinstance(data, dict):
+            raise HTTPError(400, "invalid_request", "Request body: expected a JSON object.")
+        return data
+
+    def client_options(self, raw: Any, *, where: str = "options") -> ExtractOptions:
+        """A client's options; the server's own limits and memory budget are not the client's to change.
+
+        Raises:
+            HTTPError: 400 for an unknown or bad option, or one that only the server sets.
+        """
+        try:
+            options = ExtractOptions.parse(raw, where=where)
+        except OptionError as exc:
+            raise HTTPError(400, "invalid_request", str(exc), param=where) from None
+        for name in ("limits", "memory_budget_mb"):
+            if getattr(options, name) is not None:
+                message = f"{where}.{name}: set by the server (pcd serve flags), not by a request."
+                raise HTTPError(400, "invalid_request", message, param=where)
+        return options
+
+    async def run_engine(self, request: Request, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an engine call in a worker thread; if the client goes away, cancel it at the next pass."""
+        from starlette.concurrency import run_in_threadpool
+
+        gone = threading.Event()
+
+        async def watch() -> None:
+            while not gone.is_set():
+                if await request.is_disconnected():
+                    gone.set()
+                    return
+                await asyncio.sleep(0.1)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            return await run_in_threadpool(fn, *args, cancelled=gone.is_set, **kwargs)
+        finally:
+            gone.set()
+            watcher.cancel()
+
+    async def extract(self, request: Request, text: str, schema: Schema, options: ExtractOptions) -> ExtractionResult:
+        """One extraction under the server's limits, cancelled if the client goes away; decided in a shared batch
+        with the other requests of the moment when the server collects them."""
+        run = self.engine.extract if self.collector is None else self.collector.extract
+        result: ExtractionResult = await self.run_engine(request, run, text, schema, options, limits=self.limits)
+        return result
