@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import Any
 
 __all__ = [
     "DISTRIBUTION",
+    "check_count",
     "pip_install",
     "require",
     "BackendUnavailableError",
@@ -123,3 +125,26 @@ def require(*modules: str, what: str, install: str) -> list[ModuleType]:
                 f"Install with: {install}."
             ) from exc
     return found
+
+
+def check_count(value: Any, name: str, *, minimum: int = 1, optional: bool = True) -> Any:
+    """``value`` as a count: an integer (not a bool) >= ``minimum``, or ``None`` when ``optional``. The one check
+    behind every count pcd takes (token limits, batch sizes, concurrency, label limits), so they are refused alike.
+
+    Args:
+        value: What was given.
+        name: The option, for the message (``"max_tokens"``, ``"pcd tag --part-size"``).
+        minimum: The smallest allowed count.
+        optional: Whether ``None`` (the default's choice) is allowed.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        OptionError: If ``value`` is anything else, naming ``name``, what was expected and what was received.
+    """
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise OptionError(f"{name}: expected an integer >= {minimum}, but got {value!r}.")
+    return value

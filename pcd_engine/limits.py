@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pcd_engine.errors import OptionError, RequestCancelled, RequestTimeout
+from pcd_engine.errors import OptionError, RequestCancelled, RequestTimeout, check_count
 
 __all__ = ["SERVER_LIMITS", "RequestLimits", "Watch"]
 
@@ -36,9 +36,7 @@ class RequestLimits:
 
     def __post_init__(self) -> None:
         for name in ("max_labels", "max_generated_tokens"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise OptionError(f"{name}: expected an integer >= 1 or None, but got {value!r}.")
+            check_count(getattr(self, name), name)
         t = self.time_limit_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
             raise OptionError(f"time_limit_s: expected a positive number of seconds or None, but got {t!r}.")

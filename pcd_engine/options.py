@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from pcd_engine.errors import InputError, OptionError
+from pcd_engine.errors import InputError, OptionError, check_count
 from pcd_engine.limits import RequestLimits
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "ExtractOptions",
     "PromptFormat",
     "check_batch_size",
+    "surface_options",
 ]
 
 STRATEGIES = ("marginal", "exact", "trie_walk")
@@ -153,12 +154,8 @@ class ExtractOptions:
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise OptionError(f"{name}: expected true or false, but got {value!r}.")
-        n = self.max_tokens
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise OptionError(f"max_tokens: expected an integer >= 1, but got {n!r}.")
-        d = self.draft_tokens
-        if d is not None and (isinstance(d, bool) or not isinstance(d, int) or d < 0):
-            raise OptionError(f"draft_tokens: expected an integer >= 0, but got {d!r}.")
+        check_count(self.max_tokens, "max_tokens")
+        check_count(self.draft_tokens, "draft_tokens", minimum=0)
         m = self.memory_budget_mb
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {m!r}.")
@@ -319,14 +316,11 @@ class EngineOptions:
         check_batch_size(self.batch_size)
         if self.correction not in CORRECTIONS:
             raise OptionError(f"correction: expected one of {list(CORRECTIONS)}, but got {self.correction!r}.")
-        if self.max_tokens < 1:
-            raise OptionError(f"max_tokens: expected an integer >= 1, but got {self.max_tokens}.")
-        if self.head_cache_size < 1:
-            raise OptionError(f"head_cache_size: expected an integer >= 1, but got {self.head_cache_size}.")
+        check_count(self.max_tokens, "max_tokens", optional=False)
+        check_count(self.head_cache_size, "head_cache_size", optional=False)
         if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
-        if self.top_k < 1:
-            raise OptionError(f"top_k: expected an integer >= 1, but got {self.top_k}.")
+        check_count(self.top_k, "top_k", optional=False)
         if not isinstance(self.limits, RequestLimits):
             raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
         if not isinstance(self.prompt, PromptFormat):
@@ -366,11 +360,8 @@ def check_batch_size(value: Any) -> int | None:
     Raises:
         OptionError: If it is anything else (a bool, a float, a string, zero or less).
     """
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OptionError(f"batch_size: expected an integer >= 1 or None, but got {value!r}.")
-    return value
+    count: int | None = check_count(value, "batch_size")
+    return count
 
 
 def _strategy(name: Any) -> str | None:
@@ -404,3 +395,43 @@ def _pairs(value: Any) -> tuple[tuple[str, Any], ...]:
                 f"chat_template_kwargs.{k}: expected a plain value (str, number, bool), got {v!r}."
             ) from None
     return tuple(sorted(value.items()))
+
+
+def surface_options(
+    *layers: tuple[str, ExtractOptions | Mapping[str, Any] | None],
+    temperature: Any = None,
+    timeout: Any = None,
+    max_tokens: Any = None,
+    calibration: Any = None,
+) -> ExtractOptions:
+    """The options a call from one of pcd's surfaces runs with: the one place where a surface's settings become
+    :class:`ExtractOptions` (the CLI's flags, the server's request fields, LangChain's and LlamaIndex's model
+    settings and options, Ray's options), so a setting means the same, and is checked the same, everywhere.
+
+    Args:
+        *layers: ``(where, options)`` pairs, the first winning field by field: each an :class:`ExtractOptions`, a
+            mapping of its field names (an unknown name is refused, naming ``where``), or ``None``.
+        temperature: A chat API's ``temperature``, under every layer: a positive number reshapes the structured
+            probabilities (the decisions are the same at any temperature); ``0`` or ``None`` keeps the engine's.
+        timeout: Seconds a call may run (:attr:`RequestLimits.time_limit_s`), under every layer; ``0`` or ``None``:
+            no limit.
+        max_tokens: The most tokens of each open field's value (an integer >= 1), under every layer; ``None``: the
+            engine's.
+        calibration: A :class:`~pcd_engine.calibrate.calibrator.Calibrator` or its JSON, under every layer.
+
+    Raises:
+        OptionError: If a layer names an unknown option, or a value is out of range (naming it).
+    """
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0
+    ):
+        raise OptionError(f"temperature: expected a number >= 0, but got {temperature!r}.")
+    merged = ExtractOptions(
+        temperature=temperature or None,
+        limits=RequestLimits(time_limit_s=timeout) if timeout else None,
+        max_tokens=max_tokens,
+        calibration=calibration,
+    )
+    for where, data in reversed(layers):
+        merged = ExtractOptions.parse(data, where=where).over(merged)
+    return merged

@@ -19,6 +19,7 @@ __all__ = [
     "ExtractionResult",
     "ExtractionStats",
     "FieldResult",
+    "TokenUsage",
     "generated_result",
     "multi_result",
     "scored_result",
@@ -112,6 +113,35 @@ class FieldResult:
         labels it did not choose, for the others the labels other than ``value``."""
         chosen = self.value if isinstance(self.value, list) else [self.value]
         return tuple(a for a in self.alternatives if a.value not in chosen)[:n]
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    """The tokens a reply read and wrote, in the shapes the APIs report them (one builder for every surface).
+
+    Attributes:
+        prompt_tokens: Tokens of the prompt.
+        completion_tokens: Tokens written (generated).
+    """
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt and completion together."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def chat_completions(self) -> dict[str, int]:
+        """As OpenAI's Chat Completions report it: ``prompt_tokens``, ``completion_tokens``, ``total_tokens``."""
+        return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}  # fmt: skip
+
+    def input_output(self) -> dict[str, int]:
+        """As LangChain's ``usage_metadata`` and OpenAI's Responses API report it: ``input_tokens``,
+        ``output_tokens``, ``total_tokens``."""
+        return {"input_tokens": self.prompt_tokens, "output_tokens": self.completion_tokens,
+                "total_tokens": self.total_tokens}  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ Schema), so every call names a real tool and its arguments always validate.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -28,6 +29,7 @@ __all__ = [
     "Tool",
     "ToolCall",
     "ToolDecision",
+    "call_id",
     "called_text",
     "choice_of",
     "choice_schema",
@@ -65,11 +67,19 @@ class ToolCall:
         name: The tool.
         arguments: Its arguments; they validate against the tool's parameters.
         result: The extraction that filled them (``None`` for a tool without arguments).
+        id: The call's id, ``call_`` and 24 hex digits (:func:`call_id`), the one every surface replies with; not
+            part of the call's equality.
     """
 
     name: str
     arguments: dict[str, Any]
     result: ExtractionResult | None
+    id: str = field(default_factory=lambda: call_id(), compare=False)
+
+
+def call_id() -> str:
+    """A new tool call id, as OpenAI writes them: ``call_`` and 24 random hex digits."""
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 @dataclass(frozen=True)

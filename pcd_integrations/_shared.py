@@ -9,9 +9,9 @@ import warnings
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from pcd_engine import Engine, ExtractOptions, OptionError, RequestLimits
+from pcd_engine import Engine, OptionError
 
-__all__ = ["calibration_json", "read_settings", "refuse_sampling", "setting_options", "shared_engine"]
+__all__ = ["calibration_json", "read_settings", "refuse_sampling", "shared_engine"]
 
 
 def shared_engine(model: str | None, backend: str) -> Engine:
@@ -87,22 +87,6 @@ def calibration_json(value: Any, *, owner: str) -> dict[str, Any] | None:
     raise OptionError(
         f"{owner} calibration: expected a Calibrator, its JSON or the path of its file, but got {type(value).__name__}."
     )
-
-
-def setting_options(
-    *,
-    temperature: float | None,
-    timeout: float | None,
-    max_tokens: int | None = None,
-    calibration: Mapping[str, Any] | None = None,
-) -> ExtractOptions:
-    """A chat model's ``temperature``, ``timeout`` and ``max_tokens`` as extraction options: a positive
-    temperature reshapes structured probabilities (the decisions never change), the timeout bounds the request, and
-    ``max_tokens`` (``None``: the engine's default) bounds each open field's generated value; ``calibration`` (JSON
-    data, see :func:`calibration_json`) corrects the closed fields' label priors."""
-    warm = temperature if temperature is not None and temperature > 0 else None
-    limits = RequestLimits(time_limit_s=timeout) if timeout else None
-    return ExtractOptions(temperature=warm, limits=limits, max_tokens=max_tokens, calibration=calibration)
 
 
 def refuse_sampling(owner: str, temperature: float | None) -> None:

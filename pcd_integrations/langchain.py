@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pcd_engine.errors import pip_install, require
@@ -23,6 +22,7 @@ require("langchain_core", what="pcd_integrations.langchain", install=pip_install
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
+from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 from langchain_core.messages.tool import tool_call
@@ -38,16 +38,17 @@ from pcd_engine import (
     Engine,
     ExtractionResult,
     ExtractOptions,
-    OptionError,
     SchemaError,
     stream_chat,
 )
-from pcd_engine.errors import ContextError
+from pcd_engine.errors import ContextError, check_count
 from pcd_engine.generate.free_text import document_text
 from pcd_engine.models.resolve import DEFAULT_MODEL
+from pcd_engine.options import surface_options
+from pcd_engine.result import TokenUsage
 from pcd_engine.run.admission import check_text
-from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
-from pcd_integrations._shared import read_settings, refuse_sampling, setting_options, shared_engine
+from pcd_engine.tool_calls import Tool, call_id, called_text, choice_of, decide_tools, tool_result_text
+from pcd_integrations._shared import read_settings, refuse_sampling, shared_engine
 
 __all__ = ["ChatPCD"]
 
@@ -138,6 +139,25 @@ class _SharedBatch:
                 self._answers = {_key(c): a for c, a in zip(self._conversations, decided, strict=True)}
         hit = self._answers.get(_key(messages))
         return hit if hit is not None else self._llm._structured([messages], self._target)[0]
+
+
+def _last_chunk(result: ChatResult) -> ChatGenerationChunk:
+    """A reply decided whole as the one, last chunk of a stream: its text, its tool calls as tool-call chunks, its
+    metadata and usage."""
+    message = result.generations[0].message
+    calls = [
+        {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
+        for i, c in enumerate(getattr(message, "tool_calls", []))
+    ]
+    return ChatGenerationChunk(
+        message=AIMessageChunk(
+            content=message.content,
+            tool_call_chunks=calls,  # type: ignore[arg-type]
+            response_metadata=message.response_metadata,
+            usage_metadata=getattr(message, "usage_metadata", None),
+            chunk_position="last",
+        )
+    )
 
 
 class ChatPCD(BaseChatModel):
@@ -247,21 +267,27 @@ class ChatPCD(BaseChatModel):
         if not isinstance(data, dict):
             return data
         data = read_settings("ChatPCD", data, cls.model_fields, others="warn")
-        if data.get("max_retries", 0) < 0:
-            raise OptionError(f"ChatPCD: max_retries: expected an integer >= 0, but got {data['max_retries']}.")
+        check_count(data.get("max_retries", 0), "ChatPCD: max_retries", minimum=0)
         return data
 
-    def _setting_options(self) -> ExtractOptions:
-        """``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens`` as extraction options
-        (the ``options`` of the model and call win)."""
+    def _setting_values(self) -> dict[str, Any]:
+        """``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens``, as
+        :func:`~pcd_engine.options.surface_options` takes them."""
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
-        return setting_options(
-            temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens, calibration=self.calibration
-        )
+        return {"temperature": self.temperature, "timeout": self.timeout, "max_tokens": max_tokens,
+                "calibration": self.calibration}  # fmt: skip
+
+    def _setting_options(self) -> ExtractOptions:
+        """The model's settings alone as extraction options (the ``options`` of the model and call win over them)."""
+        return surface_options(**self._setting_values())
+
+    def _call_options(self, *layers: tuple[str, ExtractOptions | Mapping[str, Any] | None]) -> ExtractOptions:
+        """A structured call's options: ``layers`` (the call's own) over the model's ``options`` over its settings."""
+        return surface_options(*layers, ("ChatPCD options", self.options), **self._setting_values())
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        ExtractOptions.parse(self.options, where="ChatPCD options")  # a bad option fails here, as an OptionError
+        self._call_options()  # a bad option or setting fails here, as an OptionError
 
     def get_token_ids(self, text: str) -> list[int]:
         """The model's own token ids for ``text`` (no network: the tokenizer is the loaded model's)."""
@@ -294,34 +320,15 @@ class ChatPCD(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        other = self._override(kwargs)
-        if other is not None:
-            return other._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-        tools: _Tools | None = kwargs.pop("pcd_tools", None)
-        if tools is not None:
-            decided = self._tool_reply(messages, tools)
-            if decided is not None:
-                return decided
-            if tools.response is not None:
-                kwargs["pcd_schema"] = tools.response
-        target = kwargs.pop("pcd_schema", None)
+        """The reply, gathered from :meth:`_stream` (as LangChain's own chat models do), except in a structured
+        :meth:`batch`, whose answers were decided together in one engine call."""
         shared: _SharedBatch | None = kwargs.pop("pcd_batch", None)
-        if target is not None:
-            answer = shared.answer(messages) if shared is not None else self._structured([messages], target)[0]
+        if shared is not None and "pcd_tools" not in kwargs and self._override(dict(kwargs)) is None:
+            answer = shared.answer(messages)
             if isinstance(answer, Exception):
                 raise answer
             return answer
-        text = ""
-        last: AIMessageChunk | None = None
-        for chunk in self._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
-            text += _text(chunk.message)
-            last = chunk.message if isinstance(chunk.message, AIMessageChunk) else last
-        message = AIMessage(
-            content=text,
-            usage_metadata=last.usage_metadata if last else None,
-            response_metadata=dict(last.response_metadata) if last else {},
-        )
-        return ChatResult(generations=[ChatGeneration(message=message)])
+        return generate_from_stream(self._stream(messages, stop=stop, run_manager=run_manager, **kwargs))
 
     def _stream(
         self,
@@ -330,6 +337,8 @@ class ChatPCD(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
+        """The reply as chunks: free text token by token; tool calls and structured answers, decided whole, as one
+        last chunk."""
         other = self._override(kwargs)
         if other is not None:
             yield from other._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
@@ -338,24 +347,7 @@ class ChatPCD(BaseChatModel):
         if tools is not None:
             decided = self._tool_reply(messages, tools)
             if decided is not None:
-                message = decided.generations[0].message
-                yield ChatGenerationChunk(
-                    message=AIMessageChunk(
-                        content="",
-                        tool_call_chunks=[
-                            {
-                                "name": c["name"],
-                                "args": json.dumps(c["args"]),
-                                "id": c["id"],
-                                "index": i,
-                                "type": "tool_call_chunk",
-                            }
-                            for i, c in enumerate(getattr(message, "tool_calls", []))
-                        ],
-                        response_metadata=message.response_metadata,
-                        chunk_position="last",
-                    )
-                )
+                yield _last_chunk(decided)
                 return
             if tools.response is not None:
                 kwargs["pcd_schema"] = tools.response
@@ -364,15 +356,7 @@ class ChatPCD(BaseChatModel):
             answer = self._structured([messages], target)[0]
             if isinstance(answer, Exception):
                 raise answer
-            message = answer.generations[0].message
-            yield ChatGenerationChunk(
-                message=AIMessageChunk(
-                    content=message.content,
-                    response_metadata=message.response_metadata,
-                    usage_metadata=getattr(message, "usage_metadata", None),
-                    chunk_position="last",
-                )
-            )
+            yield _last_chunk(answer)
             return
         refuse_sampling("ChatPCD", self.temperature)
         turns = [ChatMessage(_ROLE.get(m.type, "user"), _text(m)) for m in messages]
@@ -387,11 +371,7 @@ class ChatPCD(BaseChatModel):
                     run_manager.on_llm_new_token(piece.text, chunk=chunk)
                 yield chunk
             else:
-                usage = {
-                    "input_tokens": piece.prompt_tokens,
-                    "output_tokens": piece.completion_tokens,
-                    "total_tokens": piece.prompt_tokens + piece.completion_tokens,
-                }
+                usage = TokenUsage(piece.prompt_tokens, piece.completion_tokens).input_output()
                 meta = {"finish_reason": piece.finish_reason, "model_name": self.model_name, "model_provider": "pcd"}
                 yield ChatGenerationChunk(
                     message=AIMessageChunk(
@@ -403,14 +383,14 @@ class ChatPCD(BaseChatModel):
 
     def _tool_reply(self, messages: Sequence[BaseMessage], tools: _Tools) -> ChatResult | None:
         """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
-        options = ExtractOptions.parse(self.options, where="ChatPCD options").over(self._setting_options())
+        options = self._call_options()
         decision = decide_tools(
             self.get_engine(), _document(messages), tools.tools, choice=tools.choice, parallel=tools.parallel,
             options=options,
         )  # fmt: skip
         if decision.answer:
             return None
-        calls = [tool_call(name=c.name, args=c.arguments, id=f"call_{uuid.uuid4().hex}") for c in decision.calls]
+        calls = [tool_call(name=c.name, args=c.arguments, id=c.id) for c in decision.calls]
         evidence = decision.evidence()
         message = AIMessage(
             content="",
@@ -427,8 +407,7 @@ class ChatPCD(BaseChatModel):
         never fails the others."""
         engine = self.get_engine()
         documents = [_document(c) for c in conversations]
-        options = target.options.over(ExtractOptions.parse(self.options, where="ChatPCD options"))
-        options = options.over(self._setting_options())
+        options = self._call_options(("with_structured_output", target.options))
         errors: dict[int, Exception] = {}
         for i, document in enumerate(documents):
             try:
@@ -451,16 +430,12 @@ class ChatPCD(BaseChatModel):
         values = {k: getattr(v, "value", v) for k, v in result.values.items()}
         calls = []
         if target.tool is not None:
-            calls = [tool_call(name=target.tool, args=values, id=f"call_{uuid.uuid4().hex}")]
+            calls = [tool_call(name=target.tool, args=values, id=call_id())]
         message = AIMessage(
             content="" if calls else json.dumps(values, ensure_ascii=False),
             tool_calls=calls,
             response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": result.evidence()},
-            usage_metadata={
-                "input_tokens": result.stats.prompt_tokens,
-                "output_tokens": result.stats.generated_tokens,
-                "total_tokens": result.stats.prompt_tokens + result.stats.generated_tokens,
-            },
+            usage_metadata=TokenUsage(result.stats.prompt_tokens, result.stats.generated_tokens).input_output(),  # type: ignore[arg-type]
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -571,7 +546,7 @@ class ChatPCD(BaseChatModel):
             OptionError: On an unknown or bad option (a ``ValueError``).
             ValueError: On an unknown method, or a schema of no supported kind.
         """
-        options = ExtractOptions.parse(kwargs, where="with_structured_output")
+        options = surface_options(("with_structured_output", kwargs))
         if method not in _METHODS:
             raise ValueError(f"with_structured_output: expected method in {list(_METHODS)}, but got {method!r}.")
         target = _Target(schema, options=options)

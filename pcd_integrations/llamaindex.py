@@ -11,7 +11,6 @@ Install with ``pip install "pcd-llm[llamaindex]"``.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncGenerator, Generator, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -51,12 +50,12 @@ from pcd_engine import (
 )
 from pcd_engine.generate.free_text import document_text
 from pcd_engine.models.resolve import DEFAULT_MODEL
+from pcd_engine.options import surface_options
 from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
 from pcd_integrations._shared import (
     calibration_json,
     read_settings,
     refuse_sampling,
-    setting_options,
     shared_engine,
 )
 
@@ -134,7 +133,7 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         self._output_cls = output_cls
         self._prompt = prompt
         self._engine = engine
-        self.options = ExtractOptions.parse(options, where="PCDPydanticProgram options")
+        self.options = surface_options(("PCDPydanticProgram options", options))
         self.verbose = verbose
         self.last_result: ExtractionResult | None = None
 
@@ -165,8 +164,8 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
             ValueError: If both or neither of ``prompt_template_str`` and ``prompt`` are given, or both ``llm`` and
                 ``engine`` are given.
         """
-        given = ExtractOptions.parse(kwargs, where="PCDPydanticProgram.from_defaults").over(
-            ExtractOptions.parse(options, where="PCDPydanticProgram.from_defaults options")
+        given = surface_options(
+            ("PCDPydanticProgram.from_defaults", kwargs), ("PCDPydanticProgram.from_defaults options", options)
         )
         if (prompt_template_str is None) == (prompt is None):
             raise ValueError(
@@ -197,7 +196,7 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
     def __call__(self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> BaseModel:
         """Format the prompt with ``kwargs`` and fill the model from that text (``llm_kwargs``: extraction
         options for this call, over the program's)."""
-        options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
+        options = surface_options(("llm_kwargs", llm_kwargs), ("PCDPydanticProgram options", self.options))
         return self._finish(self._engine.extract(_prompt_text(self._prompt, **kwargs), self._output_cls, options))
 
     async def acall(self, *args: Any, llm_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> BaseModel:
@@ -205,7 +204,7 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         shared batches, one pass per wave for all of them."""
         import asyncio
 
-        options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
+        options = surface_options(("llm_kwargs", llm_kwargs), ("PCDPydanticProgram options", self.options))
         text = _prompt_text(self._prompt, **kwargs)
         future = self._engine.collector().submit(text, self._output_cls, options)
         return self._finish(await asyncio.wrap_future(future))
@@ -228,7 +227,7 @@ class PCDPydanticProgram(BasePydanticProgram[BaseModel]):
         Returns:
             One model per input, in order (or the exception of a failed input, with ``return_exceptions``).
         """
-        options = ExtractOptions.parse(llm_kwargs, where="llm_kwargs").over(self.options)
+        options = surface_options(("llm_kwargs", llm_kwargs), ("PCDPydanticProgram options", self.options))
         texts = [_prompt_text(self._prompt, **dict(i)) for i in inputs]
         results = self._engine.extract_many(
             texts, self._output_cls, options=options, return_exceptions=return_exceptions
@@ -323,10 +322,10 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         """``options`` over ``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens``, as
         an :class:`~pcd_engine.ExtractOptions`."""
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
-        settings = setting_options(
-            temperature=self.temperature, timeout=self.timeout, max_tokens=max_tokens, calibration=self.calibration
-        )
-        return ExtractOptions.parse(self.options, where="PCDLLM options").over(settings)
+        return surface_options(
+            ("PCDLLM options", self.options), temperature=self.temperature, timeout=self.timeout,
+            max_tokens=max_tokens, calibration=self.calibration,
+        )  # fmt: skip
 
     @classmethod
     def class_name(cls) -> str:
@@ -452,10 +451,7 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         )  # fmt: skip
         if decision.answer:
             return None
-        blocks = [
-            ToolCallBlock(tool_call_id=f"call_{uuid.uuid4().hex}", tool_name=c.name, tool_kwargs=c.arguments)
-            for c in decision.calls
-        ]
+        blocks = [ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in decision.calls]
         evidence = decision.evidence()
         message = LIChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
         return ChatResponse(message=message, raw={"pcd": evidence}, additional_kwargs={"pcd": evidence})
@@ -569,13 +565,19 @@ class PCDMetadataExtractor(BaseExtractor):
             raise OptionError("PCDMetadataExtractor: expected one of engine, llm or model, but got several.")
         source = None if engine is not None or self.model is not None else _pcd_llm("PCDMetadataExtractor", llm)
         self._engine = engine or (source.get_engine() if source is not None else None)
-        base = source.extract_options if source is not None else ExtractOptions()
-        self._base_options = ExtractOptions(calibration=self.calibration).over(base)
-        ExtractOptions.parse(self.options, where="PCDMetadataExtractor options")  # fails here, as an OptionError
+        base = source.extract_options if source is not None else None
+        self._base_options = surface_options(
+            ("PCDMetadataExtractor calibration", {"calibration": self.calibration}), ("llm", base)
+        )
+        self._call_options()  # a bad option fails here, as an OptionError
 
     @classmethod
     def class_name(cls) -> str:
         return "PCDMetadataExtractor"
+
+    def _call_options(self) -> ExtractOptions:
+        """The extractor's ``options`` over its calibration over its LLM's options."""
+        return surface_options(("PCDMetadataExtractor options", self.options), ("base", self._base_options))
 
     def _get_engine(self) -> Engine:
         if self._engine is None:
@@ -593,7 +595,7 @@ class PCDMetadataExtractor(BaseExtractor):
         """One metadata dict per node, in order, from one engine call per ``batch_size`` nodes (decided together:
         one pass per wave for the batch, see :meth:`Engine.extract_many`)."""
         engine = self._get_engine()
-        options = ExtractOptions.parse(self.options, where="PCDMetadataExtractor options").over(self._base_options)
+        options = self._call_options()
         texts = [n.get_content(metadata_mode=MetadataMode.NONE) for n in nodes]
         # Nodes with no text are skipped (an empty dict), so one blank chunk never stops a whole ingestion.
         todo = [i for i, t in enumerate(texts) if t.strip()]

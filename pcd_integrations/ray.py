@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pcd_engine.errors import InputError, OptionError, pip_install, require
+from pcd_engine.errors import InputError, check_count, pip_install, require
 
 require("ray.data", what="pcd_integrations.ray", install=pip_install("ray"))
 
@@ -25,7 +25,7 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from pcd_engine.options import ExtractOptions
+from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.corpus import CorpusDocument
 from pcd_engine.tools.tag_table import tag_columns, tag_table
@@ -140,10 +140,9 @@ def tag_dataset(
         OptionError: If ``batch_size`` or ``concurrency`` is not a positive integer, or an option is unknown.
     """
     for name, value in (("batch_size", batch_size), ("concurrency", concurrency)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise OptionError(f"tag_dataset {name}: expected a positive integer, but got {value!r}.")
+        check_count(value, f"tag_dataset {name}", optional=False)
     compiled = replace(compile_schema(schema), model=None)  # actors need the fields, not the user's class
-    call = ExtractOptions.parse(options)
+    call = surface_options(("tag_dataset options", options))
     known = ds.schema(fetch_if_missing=False)
     if known is not None:
         names = list(known.names)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.decide.planner import one_wave
-from pcd_engine.errors import OptionError
+from pcd_engine.errors import OptionError, check_count
 from pcd_engine.schema import Preset
 from pcd_engine.tools.comparators import BASELINES, BaselineRun, Progress, median_ms, ready
 
@@ -107,8 +107,7 @@ def bench_presets(
             prompt does not fit the model's window), before any timing.
         BackendUnavailableError: If a baseline cannot run on this engine (outlines needs torch and outlines).
     """
-    if repeats < 1:
-        raise OptionError(f"repeats: expected at least 1, but got {repeats}.")
+    check_count(repeats, "repeats", optional=False)
     ready(engine, against)
     tick = progress or (lambda _: None)
     for name, preset in presets:

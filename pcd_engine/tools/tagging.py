@@ -30,8 +30,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import BackendUnavailableError, ContextError, InputError, OptionError, pip_install, require
-from pcd_engine.options import ExtractOptions
+from pcd_engine.errors import (
+    BackendUnavailableError,
+    ContextError,
+    InputError,
+    check_count,
+    pip_install,
+    require,
+)
+from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.run.admission import check_text
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.corpus import CorpusDocument, check_unique, read_corpus
@@ -471,15 +478,14 @@ def tag_corpus(
     from pcd_engine.engine import Engine
     from pcd_engine.models.resolve import resolve_model
 
-    if isinstance(part_size, bool) or not isinstance(part_size, int) or part_size < 1:
-        raise OptionError(f"part_size: expected a positive integer, but got {part_size!r}.")
+    check_count(part_size, "part_size", optional=False)
     compiled = compile_schema(schema)
     tag_columns(compiled, reserved=["id"])  # clashing names fail before any model work
     if isinstance(input, (str, os.PathLike)):
         docs = read_corpus(input, text_column=text_column, id_column=id_column)
     else:
         docs = list(input)
-    call = ExtractOptions.parse(options)
+    call = surface_options(("tag_corpus options", options))
     if engine is None:
         chosen = select_backend(backend)
         model_id = f"{resolve_model(model, backend=chosen)} ({chosen})"

@@ -11,6 +11,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+
 from pcd_engine.errors import PCDError
 from pcd_engine.tools.cli import bench, calibrate, check, eval, models, run, serve, tag
 

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.models.resolve import DEFAULT_MODEL
-from pcd_engine.options import CORRECTIONS, STRATEGIES, STRATEGY_ALIASES, ExtractOptions
+from pcd_engine.options import CORRECTIONS, STRATEGIES, STRATEGY_ALIASES, ExtractOptions, surface_options
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -22,19 +22,19 @@ def extract_options(args: argparse.Namespace) -> ExtractOptions:
     flags keep defaults; ``--calibration`` is read from its file)."""
     from pcd_engine.calibrate.calibrator import Calibrator
 
-    return ExtractOptions(
-        strategy=args.strategy,
-        anchor=False if args.no_anchor else None,
-        temperature=args.temperature,
-        max_tokens=args.max_tokens,
-        memory_budget_mb=args.memory_budget_mb,
-        instructions=args.instructions,
-        list_choices=False if args.no_list_choices else None,
-        quoted_booleans=True if args.quoted_booleans else None,
-        calibration=Calibrator.load(args.calibration) if args.calibration else None,
-        min_probability=args.min_probability,
-        correction=args.correction,
-    )
+    flags = {
+        "strategy": args.strategy,
+        "anchor": False if args.no_anchor else None,
+        "temperature": args.temperature,
+        "memory_budget_mb": args.memory_budget_mb,
+        "instructions": args.instructions,
+        "list_choices": False if args.no_list_choices else None,
+        "quoted_booleans": True if args.quoted_booleans else None,
+        "min_probability": args.min_probability,
+        "correction": args.correction,
+    }
+    calibration = Calibrator.load(args.calibration) if args.calibration else None
+    return surface_options(("pcd flags", flags), max_tokens=args.max_tokens, calibration=calibration)
 
 
 def load_engine(args: argparse.Namespace) -> Any:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.calibrate.calibrator import CALIBRATION_METHODS
-from pcd_engine.errors import OptionError, pip_install
+from pcd_engine.errors import OptionError, check_count, pip_install
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import ExtractOptions, check_batch_size
 from pcd_engine.tools.cli import common
@@ -72,10 +72,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     if not (args.preset or args.schema):
         raise OptionError("pcd tag: expected --schema S.json or --preset PRESET, but got neither.")
     for flag in ("part_size", "concurrency"):
-        if getattr(args, flag) < 1:
-            raise OptionError(
-                f"pcd tag --{flag.replace('_', '-')}: expected a positive integer, but got {getattr(args, flag)}."
-            )
+        check_count(getattr(args, flag), f"pcd tag --{flag.replace('_', '-')}", optional=False)
     check_batch_size(args.batch_size)
     schema = compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
     tag_columns(schema, reserved=["id"])

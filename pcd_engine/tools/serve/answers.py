@@ -10,7 +10,6 @@ route reads its body into an :class:`Ask`; :func:`answer` decides the tools (the
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, TypeVar
@@ -20,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from pcd_engine.errors import OptionError, SchemaError
 from pcd_engine.generate.free_text import ChatMessage, TextChunk, document_text, json_chat, stream_chat
-from pcd_engine.options import ExtractOptions
+from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.schema import compile_schema
 from pcd_engine.tool_calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
 from pcd_engine.tools.serve.errors import HTTPError
@@ -192,10 +191,7 @@ async def decide(server: Server, request: Request, ask: Ask) -> Answer | None:
         raise HTTPError(400, "unsupported_schema", str(exc), param=ask.param("tools")) from None
     if decision.answer:
         return None
-    calls = tuple(
-        Call(f"call_{uuid.uuid4().hex[:24]}", c.name, json.dumps(c.arguments, ensure_ascii=False))
-        for c in decision.calls
-    )
+    calls = tuple(Call(c.id, c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in decision.calls)
     results = [c.result for c in decision.calls if c.result is not None]
     prompt = max((r.stats.prompt_tokens for r in results), default=0)
     written = sum(len(server.engine.tokenizer.encode(c.arguments)) for c in calls)
@@ -372,13 +368,12 @@ def extract_options(server: Server, pcd: Any, temperature: Any, limit: int | Non
         HTTPError: 400 for a bad option or limit.
     """
     options = server.client_options(pcd, where="pcd")
-    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0:
-        options = ExtractOptions(temperature=temperature).over(options)
-    if limit is not None:
-        if limit < 1:
-            raise HTTPError(400, "invalid_request", f"{param}: expected a positive integer.", param=param)
-        options = ExtractOptions(max_tokens=limit).over(options)
-    return options
+    number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
+    try:
+        settings = surface_options(temperature=temperature if number else None, max_tokens=limit)
+    except OptionError as exc:
+        raise HTTPError(400, "invalid_request", f"{param}: {exc}", param=param) from None
+    return settings.over(options)
 
 
 def stops(raw: str | Sequence[str] | None) -> list[str]:

@@ -32,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pcd_engine.generate.free_text import stream_text
+from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
@@ -259,7 +260,7 @@ def _completion_id() -> str:
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return TokenUsage(prompt, completion).chat_completions()
 
 
 def _completion(

@@ -23,6 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
@@ -144,13 +145,8 @@ def _response(
              "content": [text]}
         ]  # fmt: skip
     cut = answer.finish_reason == "length"
-    usage = {
-        "input_tokens": answer.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": answer.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": answer.prompt_tokens + answer.completion_tokens,
-    }
+    usage: dict[str, Any] = TokenUsage(answer.prompt_tokens, answer.completion_tokens).input_output()
+    usage.update(input_tokens_details={"cached_tokens": 0}, output_tokens_details={"reasoning_tokens": 0})
     response: dict[str, Any] = {
         "id": response_id,
         "object": "response",

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import OptionError
 from pcd_engine.limits import RequestLimits
-from pcd_engine.options import ExtractOptions
+from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.result import ExtractionResult
 from pcd_engine.run.collector import Collector
 from pcd_engine.schema import Schema
@@ -115,7 +115,7 @@ class Server:
             HTTPError: 400 for an unknown or bad option, or one that only the server sets.
         """
         try:
-            options = ExtractOptions.parse(raw, where=where)
+            options = surface_options((where, raw))
         except OptionError as exc:
             raise HTTPError(400, "invalid_request", str(exc), param=where) from None
         for name in ("limits", "memory_budget_mb"):
