@@ -23,7 +23,8 @@ from pydantic import BaseModel, Field
 
 from benchmarks.common import peak_rss
 from pcd_engine import Engine, compile_schema
-from pcd_engine.backends.contract import Backend, estimate_pass_bytes
+from pcd_engine.backends.contract import Backend
+from pcd_engine.backends.growth import estimate_pass_bytes
 from pcd_engine.decide.planner import TreeBatch, plan_passes
 from pcd_engine.errors import (
     ContextError,

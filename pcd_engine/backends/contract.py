@@ -8,8 +8,8 @@ A backend owns a model and its tokenizer and offers these operations, in this or
    token tree in the same forward pass; the tree never stays in the state (:meth:`Backend.score_trees` does the
    same for several requests, in one pass where the backend can batch them);
 4. :meth:`Backend.generate_rows` grows one row per open field on top of a state, one forward pass per step
-   for all rows (shared here: the packed path grows the rows as a tree in one sequence, the fallback
-   broadcasts the model's own cache over a batch);
+   for all rows (shared, in :mod:`pcd_engine.backends.growth`: the packed path grows the rows as a tree in one
+   sequence, the fallback broadcasts the model's own cache over a batch);
 5. :meth:`Backend.stream_greedy` writes text token by token (free text and the autoregressive baseline);
 6. :meth:`Backend.pass_bytes` estimates one pass's memory, so the engine can split very large trees.
 
@@ -30,10 +30,22 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from pcd_engine.decide.tree import TreeBatch, TrieBuilder
+from pcd_engine.backends.growth import (
+    Chooser,
+    Drafter,
+    Growth,
+    append_and_score,
+    batched_pass,
+    generate_each,
+    grow_many,
+    no_check,
+    packed_generate,
+    rows_generate,
+)
+from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import PromptAlignmentError
 
-__all__ = ["Backend", "Chooser", "Drafter", "Growth", "Prefix", "RequestState", "estimate_pass_bytes", "serialized"]
+__all__ = ["Backend", "Prefix", "RequestState", "serialized"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -47,119 +59,6 @@ def serialized(method: _F) -> _F:
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
-
-
-# Called with (row index, log-probabilities over the vocabulary); returns the row's next tokens (usually one; more
-# when a grammar forces what follows) and whether the row ends with them.
-Chooser = Callable[[int, np.ndarray], tuple[Sequence[int], bool]]
-
-# Called with (row index, the row's tokens so far: its prefix, then its chosen tokens); returns the tokens it
-# proposes to follow them, possibly none (see :mod:`pcd_engine.generate.drafting`).
-Drafter = Callable[[int, Sequence[int]], Sequence[int]]
-
-
-def _nothing() -> None:
-    return None
-
-
-class Growth:
-    """One request's open rows growing as branches of one token tree, pass by pass: what each pass feeds and
-    who sees whom (:meth:`inputs`), and what the chooser makes of the pass's log-probabilities (:meth:`absorb`).
-    The first pass feeds the causal block and every row's prefix (shared prefix tokens once); each later pass
-    feeds the tokens the rows still going were given.
-
-    With a ``draft`` (:mod:`pcd_engine.generate.drafting`), each row's next fed token is followed by the continuation
-    the drafter proposes, as a chain in the same pass; the row's distribution is read at the token and at every draft
-    token, and :meth:`absorb` calls the chooser at each in turn while its choices equal the draft (the last
-    accepted draft token's distribution gives one more choice). Every choice is made from the distribution of
-    exactly the tokens chosen before it, so the rows are the undrafted rows, in fewer passes; rejected draft
-    tokens stay in the cache, seen by no later token.
-
-    Attributes:
-        active: The rows still going.
-        passes: Passes absorbed so far.
-    """
-
-    def __init__(
-        self,
-        past: int,
-        causal: list[int],
-        prefixes: list[list[int]],
-        choose: Chooser,
-        draft: Drafter | None = None,
-    ) -> None:
-        self.past, self.causal, self.choose, self.draft = past, causal, choose, draft
-        self.trie = TrieBuilder()
-        self.ends = [self.trie.add(prefix)[-1] for prefix in prefixes]
-        self.new = list(range(len(self.trie.tokens)))
-        self.active = list(range(len(prefixes)))
-        self.passes = 0
-        self._history = [list(p) for p in prefixes]  # each row's tokens so far, for the drafter
-        self._drafts: dict[int, list[int]] = {}  # row -> its draft nodes in the coming pass
-        for row in self.active:
-            self._propose(row)
-
-    def _propose(self, row: int) -> None:
-        """Chain the drafter's proposal for ``row`` after its last token (fed in the coming pass)."""
-        if self.draft is None:
-            return
-        node, chain = self.ends[row], []
-        for token in self.draft(row, self._history[row]):
-            node = self.trie.append(node, int(token))
-            chain.append(node)
-            self.new.append(node)
-        if chain:
-            self._drafts[row] = chain
-
-    def _reads(self) -> list[int]:
-        return [n for r in self.active for n in (self.ends[r], *self._drafts.get(r, ()))]
-
-    def inputs(self) -> tuple[list[int], np.ndarray, np.ndarray, np.ndarray, list[int]]:
-        """The next pass: the tokens fed, their visibility over every key so far and themselves (keys in feeding
-        order after the ``past`` cached ones), query and key positions, and the fed rows to read (per active row,
-        its last token, then its draft tokens)."""
-        tokens = self.trie.tokens
-        tree = self.trie.batch()
-        if not self.passes:
-            visible, qpos, kpos = tree.visibility(self.past, len(self.causal))
-            return self.causal + tokens, visible, qpos, kpos, [len(self.causal) + n for n in self._reads()]
-        # only the new nodes' rows: the whole matrix would grow with every step
-        visible, qpos, kpos = tree.visibility_of(self.past + len(self.causal), self.new)
-        offset = len(tokens) - len(self.new)
-        return [tokens[n] for n in self.new], visible, qpos, kpos, [n - offset for n in self._reads()]
-
-    def absorb(self, logprobs: np.ndarray) -> None:
-        """Give each active row its log-probabilities (in :meth:`inputs`' read order), accept the draft tokens the
-        chooser agrees with, and grow the tree by the tokens chosen."""
-        self.passes += 1
-        going, self.new = [], []
-        at = 0
-        for row in self.active:
-            reads = [self.ends[row], *self._drafts.pop(row, ())]
-            mine = logprobs[at : at + len(reads)]
-            at += len(reads)
-            k, node = 0, self.ends[row]
-            while True:
-                chosen, done = self.choose(row, mine[k])
-                if done or not chosen:
-                    break
-                self._history[row].extend(int(t) for t in chosen)
-                drafted = True
-                for token in chosen:  # forced tokens form a chain: one pass reads the row after all of them
-                    if drafted and k + 1 < len(reads) and self.trie.tokens[reads[k + 1]] == int(token):
-                        k += 1
-                        node = reads[k]  # a draft token, already fed and read
-                    else:
-                        drafted = False
-                        node = self.trie.append(node, int(token))
-                        self.new.append(node)
-                self.ends[row] = node
-                if not drafted:
-                    going.append(row)
-                    self._propose(row)
-                    break
-                # every token chosen was drafted: its distribution is already here, choose again
-        self.active = going
 
 
 class Prefix(ABC):
@@ -336,38 +235,7 @@ class Backend(ABC):
         block; :meth:`_buffered_adopt`), so the states are exactly what one :meth:`score_tree` call each would
         leave.
         """
-        pasts = [s.length for s in states]
-        widest, c_max = max(pasts), max(len(c) for c in causal)
-        t = c_max + max(len(b.tokens) for b in batches)
-        rows = len(states)
-        ids = np.zeros((rows, t), dtype=np.int64)
-        qpos = np.zeros((rows, t), dtype=np.int64)
-        kpos = np.zeros((rows, widest + t), dtype=np.int64)
-        visible = np.zeros((rows, t, widest + t), dtype=bool)
-        visible[:, np.arange(t), widest + np.arange(t)] = True  # padding queries see themselves only
-        read = np.zeros((rows, t), dtype=bool)
-        for i, (past, c, b) in enumerate(zip(pasts, causal, batches, strict=True)):
-            v, q, k = b.visibility(past, len(c))
-            qslots = np.concatenate([np.arange(len(c)), c_max + np.arange(len(b.tokens))])
-            kslots = np.concatenate([widest - past + np.arange(past), widest + qslots])
-            visible[i][np.ix_(qslots, kslots)] = v
-            ids[i, qslots], qpos[i, qslots], kpos[i, kslots] = [*c, *b.tokens], q, k
-            read[i, [len(c) - 1 if r < 0 else c_max + r for r in b.query_rows]] = True
-        # Kept rows come in (row, slot) order; map each query to its kept row.
-        kept = np.cumsum(read.ravel()) - 1
-        picks = []
-        for i, (c, b) in enumerate(zip(causal, batches, strict=True)):
-            for r, token in zip(b.query_rows, b.query_tokens, strict=True):
-                picks.append((int(kept[i * t + (len(c) - 1 if r < 0 else c_max + r)]), int(token)))
-        cache = self._buffered_cache(states, widest, t)
-        picked = self._buffered_pass(cache, ids, qpos, visible, kpos, read, picks=picks)
-        for i, (state, c) in enumerate(zip(states, causal, strict=True)):
-            if c:
-                self._buffered_adopt(state, cache, i, widest - pasts[i], widest + len(c))
-                state.ids.extend(c)
-                state.length += len(c)
-        bounds = np.cumsum([0, *(len(b.query_rows) for b in batches)])
-        return [picked[bounds[i] : bounds[i + 1]] for i in range(len(batches))]
+        return batched_pass(self, states, causal, batches)
 
     def generate_rows(
         self,
@@ -411,20 +279,15 @@ class Backend(ABC):
         before = self.forward_passes
         if rows:
             if self.scorer == "rows":
-                self._rows_generate(state, tokens, rows, choose, before_pass or _nothing)
+                self._rows_generate(state, tokens, rows, choose, before_pass or no_check)
             else:
-                self._packed_generate(state, Growth(state.length, tokens, rows, choose, draft), before_pass or _nothing)
+                self._packed_generate(state, Growth(state.length, tokens, rows, choose, draft), before_pass or no_check)
         return self.forward_passes - before
 
     def _packed_generate(self, state: Any, growth: Growth, before_pass: Callable[[], None]) -> None:
         """Rows as branches of one growing tree in a fork of the state's cache: every node sees the state, the
         causal block and its ancestors (the same visibility as a scored tree), and stays in the fork."""
-        cache = self._fork(state.cache)
-        while growth.active:
-            if growth.passes:
-                before_pass()
-            feed, visible, qpos, kpos, read = growth.inputs()
-            growth.absorb(self._grow_pass(cache, feed, visible, qpos, kpos, read))
+        packed_generate(self, state, growth, before_pass)
 
     def generate_rows_many(
         self,
@@ -452,22 +315,9 @@ class Backend(ABC):
         Returns:
             Per request, the passes it took part in and the exception that stopped it (``None`` when it finished).
         """
-        out: list[tuple[int, Exception | None]] = []
         drafters = list(drafts) if drafts is not None else [None] * len(states)
         if not self.batches_documents or self.scorer != "packed" or len(states) < 2:
-            for state, causal, rows, choose, check, draft in zip(
-                states, causals, prefixes, chooses, before_passes, drafters, strict=True
-            ):
-                before = self.forward_passes
-                try:
-                    self.generate_rows(
-                        state, causal=causal, prefixes=rows, choose=choose, before_pass=check, draft=draft
-                    )
-                except Exception as exc:  # noqa: BLE001 - this request's failure, returned in its place
-                    out.append((self.forward_passes - before, exc))
-                else:
-                    out.append((self.forward_passes - before, None))
-            return out
+            return generate_each(self, states, causals, prefixes, chooses, before_passes, drafters)
         for rows in prefixes:
             if any(len(p) == 0 for p in rows):
                 raise PromptAlignmentError("generate_rows_many: expected every row to start with at least one token.")
@@ -489,53 +339,7 @@ class Backend(ABC):
         is moved to the slots its keys sit in; a request that has finished, or feeds fewer tokens, pads with
         queries that see only themselves. Only the rows read are projected onto the vocabulary.
         """
-        pasts = [s.length for s in states]
-        widest = max(pasts)
-        first = max(len(g.causal) + len(g.trie.tokens) for g in growths)
-        cache = self._buffered_cache(states, widest, first)
-        slots = [list(range(widest - past, widest)) for past in pasts]
-        passes = [0] * len(states)
-        failed: list[Exception | None] = [None] * len(states)
-        while True:
-            going = []
-            for i, growth in enumerate(growths):
-                if failed[i] is None and growth.active:
-                    if growth.passes:
-                        try:
-                            before_passes[i]()
-                        except Exception as exc:  # noqa: BLE001 - this request's failure only
-                            failed[i] = exc
-                            continue
-                    going.append(i)
-            if not going:
-                break
-            step = {i: growths[i].inputs() for i in going}
-            t = max(len(feed) for feed, *_ in step.values())
-            filled = self._buffered_room(cache, t)
-            width = filled + t
-            ids = np.zeros((len(states), t), dtype=np.int64)
-            qpos = np.zeros((len(states), t), dtype=np.int64)
-            kpos = np.zeros((len(states), width), dtype=np.int64)
-            visible = np.zeros((len(states), t, width), dtype=bool)
-            visible[:, np.arange(t), filled + np.arange(t)] = True  # padding queries see themselves only
-            keep = np.zeros((len(states), t), dtype=bool)
-            for i, (feed, v, q, k, read) in step.items():
-                columns = slots[i] + list(range(filled, filled + len(feed)))
-                visible[i][np.ix_(np.arange(len(feed)), np.asarray(columns, dtype=np.int64))] = v
-                kpos[i, columns] = k
-                ids[i, : len(feed)], qpos[i, : len(feed)] = feed, q
-                keep[i, read] = True
-                slots[i] = columns
-            logprobs = self._buffered_pass(cache, ids, qpos, visible, kpos, keep)
-            at = 0
-            for i in going:  # kept rows come in (request, slot) order, each slot once
-                read = step[i][4]
-                kept = sorted(set(read))
-                mine = logprobs[at : at + len(kept)]
-                at += len(kept)
-                passes[i] += 1
-                growths[i].absorb(mine[[kept.index(r) for r in read]])
-        return list(zip(passes, failed, strict=True))
+        return grow_many(self, states, growths, before_passes)
 
     # Batch rows over a shared buffer (backends that batch documents implement these four).
 
@@ -576,25 +380,7 @@ class Backend(ABC):
         causal tokens and repeated over one batch row per prefix; every row feeds one token per pass (its
         prefix first, then its choices, forced tokens one by one), so rows never need padding, which recurrent
         layers could not ignore."""
-        start = self.forward_passes
-        cache = self._rows_start(state, causal, len(prefixes))  # may run a pass of its own (the causal tokens)
-        queues = [list(p) for p in prefixes]
-        done = [False] * len(prefixes)
-        feed = [q.pop(0) for q in queues]
-        while not all(done):
-            if self.forward_passes > start:
-                before_pass()
-            logprobs = self._rows_step(cache, feed)
-            for row, queue in enumerate(queues):
-                if done[row]:
-                    continue  # a finished row keeps feeding its last token; nothing reads it
-                if not queue:
-                    chosen, done[row] = choose(row, logprobs[row])
-                    queue.extend(int(t) for t in chosen)
-                    if done[row] or not queue:
-                        done[row] = True
-                        continue
-                feed[row] = queue.pop(0)
+        rows_generate(self, state, causal, prefixes, choose, before_pass)
 
     def _grow_pass(
         self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
@@ -688,17 +474,7 @@ class Backend(ABC):
         batch)``, which leaves the causal tokens in the cache, and ``_rows_pass(state, causal, batch)``, which
         also updates the state.
         """
-        causal = [int(t) for t in causal]
-        if not causal and -1 in batch.query_rows:
-            raise PromptAlignmentError(
-                "score_tree: expected causal tokens to read the root distribution from, but got none."
-            )
-        if self.scorer == "rows":
-            return self._rows_pass(state, causal, batch)
-        out = self._packed_pass(state.cache, state.length, causal, batch)
-        state.ids.extend(causal)
-        state.length += len(causal)
-        return out
+        return append_and_score(self, state, causal, batch)
 
     def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
         """One tree-packed forward pass (see :meth:`_append_and_score`)."""
@@ -717,31 +493,3 @@ class Backend(ABC):
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
         """Estimated peak extra memory, in bytes, of one pass of ``new`` tokens after ``past`` cached ones,
         reading ``rows`` output distributions."""
-
-
-def estimate_pass_bytes(config: Any, *, past: int, new: int, rows: int, masks: int) -> int:
-    """A backend-neutral estimate of one packed pass's peak extra memory, in bytes (fp32 working precision).
-
-    Counts the attention mask(s), one layer's attention scores, the kept logits and their log-softmax, the
-    activations of the new tokens, and their keys and values in every layer.
-
-    Args:
-        config: The model's text config: an object whose attributes may include ``num_attention_heads``,
-            ``hidden_size``, ``intermediate_size``, ``vocab_size`` and ``num_hidden_layers``.
-        past: Tokens already in the cache.
-        new: Tokens fed in this pass.
-        rows: Output distributions read.
-        masks: Number of distinct masks built (2 for models with sliding-window layers).
-    """
-    heads = int(getattr(config, "num_attention_heads", 8) or 8)
-    hidden = int(getattr(config, "hidden_size", 512) or 512)
-    inter = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
-    vocab = int(getattr(config, "vocab_size", 32000) or 32000)
-    layers = int(getattr(config, "num_hidden_layers", 1) or 1)
-    width = past + new
-    mask_bytes = masks * new * width * 4
-    scores = heads * new * width * 4 * 2
-    logits = rows * vocab * 4 * 2
-    acts = new * (4 * hidden + 2 * inter) * 4
-    kv = 2 * layers * new * hidden * 4
-    return mask_bytes + scores + logits + acts + kv

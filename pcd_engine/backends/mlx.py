@@ -18,11 +18,8 @@ Models whose default caches are not plain ``KVCache`` / ``RotatingKVCache`` (rec
 own mlx-lm cache is copied with the cache API (``from_state``; the state carries the offset) and repeated over a
 batch of rows, one root-to-leaf chain per row.
 
-On Linux the ``mlx[cpu]`` wheel ships a reference BLAS that is about 35x slower than OpenBLAS for fp32; when the
-system has OpenBLAS (Debian: ``libopenblas0-pthread``) it is loaded with global symbols before mlx is first
-imported, so mlx's BLAS calls resolve to it (:func:`preload_blas`). ``PCD_MLX_BLAS`` names another library, or
-``none`` to skip this. OpenBLAS threads busy-wait between calls; a process that also runs PyTorch should set
-``OPENBLAS_NUM_THREADS=1``.
+On Linux mlx is loaded over the system's OpenBLAS where there is one (see
+:func:`~pcd_engine.backends.mlx_tree.preload_blas`).
 """
 
 from __future__ import annotations
@@ -33,14 +30,18 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.contract import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
+from pcd_engine.backends.growth import estimate_pass_bytes
 from pcd_engine.backends.mlx_load import load_mlx_model
 from pcd_engine.backends.mlx_tree import (
     TreeLayer,
     TreePass,
+    copy_native,
     import_mlx,
     module_wrappers,
+    picked_logprobs,
     preload_blas,
+    stacked_layers,
 )
 from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import ModelLoadError, OptionError
@@ -355,7 +356,7 @@ class MLXBackend(Backend):
             return np.zeros(0)
         index = {row: i for i, row in enumerate(keep)}
         arrays = [a for layer in cache for a in (layer.keys, layer.values)]
-        return _picked_logprobs(logits, [index[r] for r in rows], batch.query_tokens, arrays)
+        return picked_logprobs(logits, [index[r] for r in rows], batch.query_tokens, arrays)
 
     @serialized
     def _grow_pass(
@@ -385,31 +386,9 @@ class MLXBackend(Backend):
         """See :meth:`Backend._buffered_cache`: each layer one tree layer over the states' caches, left-padded
         with zeros to ``widest`` slots and stacked over the batch (the pass appends by concatenation, so
         ``room`` needs no preallocation)."""
-        mx = import_mlx()
         if not all(isinstance(s, MLXState) for s in states):
             raise TypeError("score_trees: expected MLXState objects.")
-
-        def stacked(arrays: list[Any]) -> Any:
-            ref = next(a for a in arrays if a is not None)
-            rows = []
-            for a in arrays:
-                length = 0 if a is None else int(a.shape[2])
-                pad = mx.zeros((1, ref.shape[1], widest - length, ref.shape[3]), dtype=ref.dtype)
-                rows.append(pad if a is None else mx.concatenate([pad, a], axis=2) if length < widest else a)
-            return mx.concatenate(rows, axis=0)
-
-        layers = []
-        for index, window in enumerate(self._windows):
-            mine = [s.cache[index] for s in states]
-            layers.append(
-                TreeLayer(
-                    self._shared,
-                    window=window,
-                    keys=stacked([m.keys for m in mine]),
-                    values=stacked([m.values for m in mine]),
-                )
-            )
-        return layers
+        return stacked_layers(self._shared, self._windows, [s.cache for s in states], widest)
 
     def _buffered_room(self, cache: Any, more: int) -> int:
         """See :meth:`Backend._buffered_room` (tree layers grow by concatenation)."""
@@ -441,7 +420,7 @@ class MLXBackend(Backend):
         if not picks:
             mx.eval(arrays)
             return np.zeros(0)
-        return _picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks], arrays)
+        return picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks], arrays)
 
     def _buffered_adopt(self, state: Any, cache: Any, row: int, lo: int, hi: int) -> None:
         """See :meth:`Backend._buffered_adopt`: the state's layers become slices of the stacked arrays."""
@@ -454,15 +433,7 @@ class MLXBackend(Backend):
 
     def _copy_native(self, cache: list[Any], *, repeat: int = 1) -> list[Any]:
         """Copy mlx-lm caches through their state (which carries the offset), optionally repeated over a batch."""
-        mx = import_mlx()
-        from mlx.utils import tree_map
-
-        def copy(x: Any) -> Any:
-            if not isinstance(x, mx.array):
-                return x
-            return mx.repeat(x, repeat, axis=0) if repeat > 1 else mx.array(x)
-
-        return [type(c).from_state(tree_map(copy, c.state)) for c in cache]
+        return copy_native(cache, repeat=repeat)
 
     def _extend_native(self, cache: list[Any] | None, ids: list[int]) -> tuple[list[Any], Any]:
         """Run ``ids`` on top of the model's own caches (``None`` starts them); return them and the last logits."""
@@ -525,14 +496,3 @@ class MLXBackend(Backend):
         out = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         mx.eval(out, [c.state for c in cache])
         return np.array(out, dtype=np.float32)
-
-
-def _picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int], arrays: list[Any]) -> np.ndarray:
-    """``log_softmax(logits)[rows[i], tokens[i]]`` for each ``i``, as ``float64``, evaluated with ``arrays``
-    (the caches the pass grew)."""
-    mx = import_mlx()
-    where = mx.array(list(rows))
-    norm = mx.logsumexp(logits, axis=-1)
-    picked = logits[where, mx.array(list(tokens))] - norm[where]
-    mx.eval(picked, arrays)
-    return np.array(picked, dtype=np.float64)

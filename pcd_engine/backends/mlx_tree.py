@@ -5,6 +5,12 @@ and, during a pass, answers mlx-lm's ``make_mask`` with the tree mask and ``offs
 both read from the one :class:`TreePass` the layers share. :func:`module_wrappers` defines ``TreeRoPE`` (RoPE with
 one position per token) and ``RowPicker`` (the final norm, then only the rows a pass reads). See
 :mod:`pcd_engine.backends.mlx` for how the backend uses them. Importing this file never imports mlx.
+
+On Linux the ``mlx[cpu]`` wheel ships a reference BLAS that is about 35x slower than OpenBLAS for fp32; when the
+system has OpenBLAS (Debian: ``libopenblas0-pthread``) it is loaded with global symbols before mlx is first
+imported, so mlx's BLAS calls resolve to it (:func:`preload_blas`). ``PCD_MLX_BLAS`` names another library, or
+``none`` to skip this. OpenBLAS threads busy-wait between calls; a process that also runs PyTorch should set
+``OPENBLAS_NUM_THREADS=1``.
 """
 
 from __future__ import annotations
@@ -15,13 +21,24 @@ import functools
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from pcd_engine.errors import pip_install, require
 
-__all__ = ["INSTALL_HINT", "TreeLayer", "TreePass", "import_mlx", "module_wrappers", "preload_blas"]
+__all__ = [
+    "INSTALL_HINT",
+    "TreeLayer",
+    "TreePass",
+    "copy_native",
+    "import_mlx",
+    "module_wrappers",
+    "picked_logprobs",
+    "preload_blas",
+    "stacked_layers",
+]
 
 INSTALL_HINT = f'{pip_install("mlx")} (on Linux: pip install "mlx[cpu]" mlx-lm)'
 
@@ -197,3 +214,51 @@ class TreeLayer:
 
     def fork(self) -> TreeLayer:
         return TreeLayer(self.shared, window=self.window, keys=self.keys, values=self.values)
+
+
+def picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int], arrays: list[Any]) -> np.ndarray:
+    """``log_softmax(logits)[rows[i], tokens[i]]`` for each ``i``, as ``float64``, evaluated with ``arrays``
+    (the caches the pass grew)."""
+    mx = import_mlx()
+    where = mx.array(list(rows))
+    norm = mx.logsumexp(logits, axis=-1)
+    picked = logits[where, mx.array(list(tokens))] - norm[where]
+    mx.eval(picked, arrays)
+    return np.array(picked, dtype=np.float64)
+
+
+def stacked_layers(
+    shared: TreePass, windows: Sequence[int | None], caches: Sequence[Sequence[TreeLayer]], widest: int
+) -> list[TreeLayer]:
+    """One tree layer per model layer over several requests' caches (one batch row each), each left-padded with
+    zeros to ``widest`` slots and stacked over the batch."""
+    mx = import_mlx()
+
+    def stacked(arrays: list[Any]) -> Any:
+        ref = next(a for a in arrays if a is not None)
+        rows = []
+        for a in arrays:
+            length = 0 if a is None else int(a.shape[2])
+            pad = mx.zeros((1, ref.shape[1], widest - length, ref.shape[3]), dtype=ref.dtype)
+            rows.append(pad if a is None else mx.concatenate([pad, a], axis=2) if length < widest else a)
+        return mx.concatenate(rows, axis=0)
+
+    layers = []
+    for index, window in enumerate(windows):
+        mine = [cache[index] for cache in caches]
+        keys, values = stacked([m.keys for m in mine]), stacked([m.values for m in mine])
+        layers.append(TreeLayer(shared, window=window, keys=keys, values=values))
+    return layers
+
+
+def copy_native(cache: Sequence[Any], *, repeat: int = 1) -> list[Any]:
+    """Copy mlx-lm caches through their state (which carries the offset), repeated over ``repeat`` batch rows."""
+    mx = import_mlx()
+    from mlx.utils import tree_map
+
+    def copy(x: Any) -> Any:
+        if not isinstance(x, mx.array):
+            return x
+        return mx.repeat(x, repeat, axis=0) if repeat > 1 else mx.array(x)
+
+    return [type(c).from_state(tree_map(copy, c.state)) for c in cache]

@@ -13,7 +13,6 @@ of rows, one root-to-leaf chain per row.
 from __future__ import annotations
 
 import copy
-import functools
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -21,19 +20,22 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.contract import Backend, Prefix, RequestState, estimate_pass_bytes, serialized
+from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
+from pcd_engine.backends.growth import estimate_pass_bytes
+from pcd_engine.backends.torch_tree import (
+    filled_layer_class,
+    fork_cache,
+    import_torch,
+    picked_logprobs,
+    tree_masks,
+)
 from pcd_engine.decide.tree import TreeBatch
-from pcd_engine.errors import ModelLoadError, OptionError, pip_install, require
+from pcd_engine.errors import ModelLoadError, OptionError
 
 __all__ = ["TorchBackend"]
 
 _MASKABLE_LAYERS = {"full_attention", "sliding_attention"}
 _MASKABLE_KERNELS = {"eager", "sdpa"}
-
-
-def _torch() -> Any:
-    install = f"{pip_install('torch')} (on CPU: pip install torch==2.13.0 first)"
-    return require("torch", what="Backend 'torch'", install=install)[0]
 
 
 @dataclass
@@ -70,7 +72,7 @@ class TorchBackend(Backend):
     name = "torch"
 
     def __init__(self, model: Any, tokenizer: Any, *, scorer: str = "auto") -> None:
-        torch = _torch()
+        torch = import_torch()
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.forward_passes = 0
@@ -111,7 +113,7 @@ class TorchBackend(Backend):
         Raises:
             ModelLoadError: If the model cannot be loaded.
         """
-        torch = _torch()
+        torch = import_torch()
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -196,7 +198,7 @@ class TorchBackend(Backend):
 
     def stream_greedy(self, ids: Sequence[int], *, max_new_tokens: int) -> Iterator[int]:
         """Plain greedy decoding with the model's own cache and masks."""
-        torch = _torch()
+        torch = import_torch()
         from transformers import DynamicCache
 
         cache = DynamicCache(config=self.model.config)
@@ -214,7 +216,7 @@ class TorchBackend(Backend):
     @serialized
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
         """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
-        torch = _torch()
+        torch = import_torch()
         with self._grad():
             logits = self.model(input_ids=torch.tensor([list(ids)], device=self._device), use_cache=False).logits
         self.forward_passes += 1
@@ -224,7 +226,7 @@ class TorchBackend(Backend):
 
     def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
         """See :meth:`Backend.plain_pass`."""
-        torch = _torch()
+        torch = import_torch()
         inputs = torch.tensor([list(tokens)], device=self._device)
 
         def run() -> None:
@@ -246,7 +248,7 @@ class TorchBackend(Backend):
         """1 GiB on CPU; on a GPU a quarter of its memory, at most 16 GiB."""
         if self._device.type != "cuda":
             return 1024.0
-        total = _torch().cuda.get_device_properties(self._device).total_memory / 2**20
+        total = import_torch().cuda.get_device_properties(self._device).total_memory / 2**20
         return float(min(total / 4, 16384.0))
 
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
@@ -261,38 +263,15 @@ class TorchBackend(Backend):
         return DynamicCache()
 
     def _fork(self, cache: Any) -> Any:
-        from transformers import DynamicCache
-        from transformers.cache_utils import DynamicLayer
-
-        fork = DynamicCache()
-        layers: list[Any] = []
-        for layer in getattr(cache, "layers", []):
-            shared = DynamicLayer()
-            if layer.is_initialized:
-                shared.lazy_initialization(layer.keys, layer.values)
-                shared.keys, shared.values = layer.keys, layer.values
-            layers.append(shared)
-        fork.layers = layers
-        return fork
+        return fork_cache(cache)
 
     def _masks(self, visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray) -> Any:
-        """Float 4-D masks from a visibility matrix (``[queries, keys]``, or ``[batch, queries, keys]`` with
-        per-row positions): one tensor, or one per layer type with the window built in."""
-        torch = _torch()
-        hidden = torch.finfo(self._dtype).min
-
-        def to_tensor(v: np.ndarray) -> Any:
-            mask = torch.zeros(v.shape, dtype=self._dtype, device=self._device)
-            mask.masked_fill_(torch.from_numpy(~v).to(self._device), hidden)
-            return mask[None, None] if v.ndim == 2 else mask[:, None]
-
-        if not self._sliding:
-            return to_tensor(visible)
-        window = visible & ((qpos[..., :, None] - kpos[..., None, :]) < self._window)
-        return {"full_attention": to_tensor(visible), "sliding_attention": to_tensor(window)}
+        """Float 4-D masks from a visibility matrix (:func:`~pcd_engine.backends.torch_tree.tree_masks`)."""
+        window = self._window if self._sliding else None
+        return tree_masks(visible, qpos, kpos, dtype=self._dtype, device=self._device, window=window)
 
     def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
-        torch = _torch()
+        torch = import_torch()
         n = len(batch.tokens)
         if not causal and n == 0:
             return np.zeros(0)
@@ -317,11 +296,12 @@ class TorchBackend(Backend):
         if not batch.query_rows:
             return np.zeros(0)
         rows = [r + (1 if causal else 0) for r in batch.query_rows]
-        return _picked_logprobs(out.logits[0].float(), rows, batch.query_tokens)
+        return picked_logprobs(out.logits[0].float(), rows, batch.query_tokens)
 
     def _buffered_cache(self, states: list[Any], widest: int, room: int) -> Any:
-        """See :meth:`Backend._buffered_cache`: one preallocated buffer per layer (:func:`_filled_layer_class`),
-        which the pass writes into in place, so each cache is copied once."""
+        """See :meth:`Backend._buffered_cache`: one preallocated buffer per layer
+        (:func:`~pcd_engine.backends.torch_tree.filled_layer_class`), which the pass writes into in place, so each
+        cache is copied once."""
         from transformers import DynamicCache
 
         if not all(isinstance(s, TorchState) for s in states):
@@ -330,7 +310,7 @@ class TorchBackend(Backend):
         layers: list[Any] = []
         for index in range(len(states[0].cache.layers)):
             mine = [s.cache.layers[index] for s in states]
-            layers.append(_filled_layer_class().of([m.keys for m in mine], [m.values for m in mine], widest, room))
+            layers.append(filled_layer_class().of([m.keys for m in mine], [m.values for m in mine], widest, room))
         cache.layers = layers
         return cache
 
@@ -352,7 +332,7 @@ class TorchBackend(Backend):
         picks: Sequence[tuple[int, int]] | None = None,
     ) -> np.ndarray:
         """See :meth:`Backend._buffered_pass` (``logits_to_keep`` takes the ``[rows, new]`` mask of rows kept)."""
-        torch = _torch()
+        torch = import_torch()
         with self._grad(), self.model_lock:
             out = self.model(
                 input_ids=torch.from_numpy(ids).to(self._device),
@@ -371,7 +351,7 @@ class TorchBackend(Backend):
             return torch.log_softmax(logits, dim=-1).cpu().numpy()
         if not picks:
             return np.zeros(0)
-        return _picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks])
+        return picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks])
 
     def _buffered_adopt(self, state: Any, cache: Any, row: int, lo: int, hi: int) -> None:
         """See :meth:`Backend._buffered_adopt`: the state's layers become views of the buffer."""
@@ -383,7 +363,7 @@ class TorchBackend(Backend):
         self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
     ) -> np.ndarray:
         """One packed pass that keeps its tokens in ``cache`` (see :meth:`Backend._grow_pass`)."""
-        torch = _torch()
+        torch = import_torch()
         keep = len(tokens) - min(read)
         with self._grad():
             out = self.model(
@@ -402,7 +382,7 @@ class TorchBackend(Backend):
 
     def _extend_native(self, cache: Any, ids: list[int]) -> tuple[Any, Any]:
         """Run ``ids`` on top of the model's own cache (``None`` starts one); return it and the last logits."""
-        torch = _torch()
+        torch = import_torch()
         if not ids:
             return cache, None
         with self._grad():
@@ -420,7 +400,7 @@ class TorchBackend(Backend):
     ) -> np.ndarray:
         """Row broadcast: extend the request's own cache by ``causal``, then score each root-to-leaf chain as a
         row on a copy of that cache repeated over the batch (right-padded; padding comes after every read)."""
-        torch = _torch()
+        torch = import_torch()
         state.cache, last = self._extend_native(state.cache, causal)
         state.ids.extend(causal)
         state.length += len(causal)
@@ -476,7 +456,7 @@ class TorchBackend(Backend):
         """
         if cache is None:
             return None
-        torch = _torch()
+        torch = import_torch()
         repeated = copy.deepcopy(cache)
         repeated.reorder_cache(torch.zeros(rows, dtype=torch.long, device=self._device))
         return repeated
@@ -484,7 +464,7 @@ class TorchBackend(Backend):
     @serialized
     def _rows_step(self, cache: Any, tokens: list[int]) -> np.ndarray:
         """One token per batch row on the repeated cache (see :meth:`Backend._rows_step`)."""
-        torch = _torch()
+        torch = import_torch()
         with self._grad():
             out = self.model(
                 input_ids=torch.tensor(tokens, device=self._device)[:, None],
@@ -493,79 +473,3 @@ class TorchBackend(Backend):
             )
         self.forward_passes += 1
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).cpu().numpy()
-
-
-def _picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int]) -> np.ndarray:
-    """``log_softmax(logits)[rows[i], tokens[i]]`` for each ``i``, as ``float64``, without the full softmax."""
-    torch = _torch()
-    # Row blocks keep logsumexp cache-friendly over a large vocabulary (about 1.7x faster on CPU).
-    norm = torch.cat([torch.logsumexp(block, dim=-1) for block in logits.split(32)])
-    where = torch.tensor(list(rows), device=logits.device)
-    picked = logits[where, torch.tensor(list(tokens), device=logits.device)] - norm[where]
-    return picked.double().cpu().numpy()
-
-
-@functools.cache
-def _filled_layer_class() -> Any:
-    from transformers.cache_utils import DynamicLayer
-
-    class FilledLayer(DynamicLayer):  # type: ignore[misc]
-        """A cache layer over a preallocated buffer: ``update`` writes the new keys and values into the next
-        slots in place and returns the buffer up to them (a ``DynamicLayer`` would concatenate, copying the whole
-        cache every pass)."""
-
-        filled: int = 0
-        keys: Any  # set by DynamicLayer.lazy_initialization
-        values: Any
-
-        @classmethod
-        def of(cls, keys: list[Any], values: list[Any], widest: int, new: int) -> Any:
-            """One buffer row per request: its cache right-aligned in the first ``widest`` slots, zeros around it,
-            room for ``new`` slots after."""
-            torch = _torch()
-            layer = cls()
-            first = keys[0]
-            shape = (len(keys), first.shape[1], widest + new, first.shape[-1])
-            layer.lazy_initialization(first, values[0])
-            layer.keys = torch.zeros(shape, dtype=first.dtype, device=first.device)
-            layer.values = torch.zeros(
-                (*shape[:-1], values[0].shape[-1]), dtype=values[0].dtype, device=values[0].device
-            )
-            for row, (k, v) in enumerate(zip(keys, values, strict=True)):
-                length = k.shape[-2]
-                if length:
-                    layer.keys[row, :, widest - length : widest] = k[0]
-                    layer.values[row, :, widest - length : widest] = v[0]
-            layer.filled = widest
-            return layer
-
-        def reserve(self, more: int) -> None:
-            """Make room for ``more`` slots after the filled ones (a larger buffer, when needed, with room to
-            spare so that growing a row a token at a time copies the buffer only now and then)."""
-            torch = _torch()
-            keys: Any = self.keys
-            values: Any = self.values
-            if self.filled + more <= keys.shape[2]:
-                return
-            size = self.filled + max(more, self.filled // 2, 16)
-            bigger_k = torch.zeros((*keys.shape[:2], size, keys.shape[-1]), dtype=keys.dtype, device=keys.device)
-            bigger_v = torch.zeros(
-                (*values.shape[:2], size, values.shape[-1]), dtype=values.dtype, device=values.device
-            )
-            bigger_k[:, :, : self.filled] = keys[:, :, : self.filled]
-            bigger_v[:, :, : self.filled] = values[:, :, : self.filled]
-            self.keys, self.values = bigger_k, bigger_v
-
-        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-            keys: Any = self.keys
-            values: Any = self.values
-            end = self.filled + key_states.shape[-2]
-            keys[:, :, self.filled : end] = key_states
-            values[:, :, self.filled : end] = value_states
-            self.filled = end
-            return keys[:, :, :end], values[:, :, :end]
-
-        def get_seq_length(self) -> int:
-            return int(self.filled)
-
-    return FilledLayer
