@@ -39,8 +39,9 @@ from pcd_engine import Engine  # noqa: E402
 from pcd_engine.schema import compile_schema  # noqa: E402
 from pcd_engine.tools.corpus import CorpusDocument  # noqa: E402
 from pcd_engine.tools.datasets import load_dataset  # noqa: E402
+from pcd_engine.tools.tag_output import job_identity  # noqa: E402
 from pcd_engine.tools.tag_table import row_values  # noqa: E402
-from pcd_engine.tools.tagging import engine_parts, job_identity, run_tag_job  # noqa: E402
+from pcd_engine.tools.tagging import engine_parts, run_tag_job  # noqa: E402
 
 
 def _values(path: Path, schema: Any) -> dict[str, Any]:

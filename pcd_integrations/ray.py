@@ -88,6 +88,24 @@ class PCDTagger:
         return tag_table(self.schema, outcomes, leading=leading)
 
 
+def _check_columns(ds: Any, schema: Schema, *, text_column: str, id_column: str | None, keep_text: bool) -> None:
+    """Refuse a missing text or id column, and tag columns that clash with the input's, when the dataset's schema
+    is known without running it.
+
+    Raises:
+        InputError: If a named column is missing.
+        SchemaError: If a tag column would clash with an input column.
+    """
+    known = ds.schema(fetch_if_missing=False)
+    if known is None:
+        return
+    names = list(known.names)
+    for column in (text_column, id_column):
+        if column is not None and column not in names:
+            raise InputError(f"tag_dataset: expected a column {column!r}, but the dataset has {names}.")
+    tag_columns(schema, reserved=[n for n in names if keep_text or n != text_column])
+
+
 def tag_dataset(
     ds: ray.data.Dataset,
     schema: Any,
@@ -143,24 +161,11 @@ def tag_dataset(
         check_count(value, f"tag_dataset {name}", optional=False)
     compiled = replace(compile_schema(schema), model=None)  # actors need the fields, not the user's class
     call = surface_options(("tag_dataset options", options))
-    known = ds.schema(fetch_if_missing=False)
-    if known is not None:
-        names = list(known.names)
-        for column in (text_column, id_column):
-            if column is not None and column not in names:
-                raise InputError(f"tag_dataset: expected a column {column!r}, but the dataset has {names}.")
-        tag_columns(compiled, reserved=[n for n in names if keep_text or n != text_column])
+    _check_columns(ds, compiled, text_column=text_column, id_column=id_column, keep_text=keep_text)
     kwargs = dict(
-        model=model,
-        backend=backend,
-        device=device,
-        dtype=dtype,
-        options=call,
-        text_column=text_column,
-        id_column=id_column,
-        keep_text=keep_text,
-        engine_options=dict(engine_options or {}),
-    )
+        model=model, backend=backend, device=device, dtype=dtype, options=call, text_column=text_column,
+        id_column=id_column, keep_text=keep_text, engine_options=dict(engine_options or {}),
+    )  # fmt: skip
     return ds.map_batches(
         PCDTagger,
         fn_constructor_args=(compiled,),

@@ -25,15 +25,9 @@ from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
 from pcd_engine.tools.cli import main
 from pcd_engine.tools.corpus import CorpusDocument, read_corpus
+from pcd_engine.tools.tag_output import check_output, job_identity, read_tag_table
 from pcd_engine.tools.tag_table import row_values, tag_columns, tag_table
-from pcd_engine.tools.tagging import (
-    check_output,
-    engine_parts,
-    job_identity,
-    read_tag_table,
-    run_tag_job,
-    tag_corpus,
-)
+from pcd_engine.tools.tagging import engine_parts, run_tag_job, tag_corpus
 
 SCHEMA = {
     "title": "Note",

@@ -79,42 +79,8 @@ def plan_passes(
     wanted = set(range(len(tree.tokens))) if queries is None else set(queries)
     if not causal and any(tree.parents[q] < 0 for q in wanted):
         raise ValueError("plan_passes: a child of the root can only be read in a pass with causal tokens.")
-    fed_set: set[int] = set()
-    for node in wanted:
-        parent = tree.parents[node]
-        while parent >= 0 and parent not in fed_set:
-            fed_set.add(parent)
-            parent = tree.parents[parent]
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(tree.parents):
-        if node in fed_set or node in wanted:
-            children.setdefault(parent, []).append(node)
-    chains: list[list[int]] = []
-    # Depth first without recursion: a label of a thousand tokens is a chain a thousand nodes deep.
-    stack: list[tuple[int, list[int]]] = [(kid, []) for kid in reversed(children.get(-1, []))]
-    while stack:
-        node, chain = stack.pop()
-        kids = [k for k in children.get(node, []) if k in fed_set or k in wanted] if node in fed_set else []
-        if not kids:
-            if chain:
-                chains.append(chain)
-            continue
-        stack.extend((kid, [*chain, node]) for kid in reversed(kids))
-    if not chains:
-        chains = [[]] if any(tree.parents[q] < 0 for q in wanted) else []
-    limit = max(max_nodes, max((len(c) for c in chains), default=1))
-    groups: list[list[int]] = []
-    current: dict[int, None] = {}
-    for chain in chains:
-        merged = dict(current)
-        merged.update(dict.fromkeys(chain))
-        if len(merged) > limit and current:
-            groups.append(list(current))
-            merged = dict.fromkeys(chain)
-        current = merged
-    if chains:
-        groups.append(list(current))
-
+    chains, children = _chains(tree, wanted)
+    groups = _grouped(chains, limit=max(max_nodes, max((len(c) for c in chains), default=1)))
     batches = []
     done: set[int] = set()
     for index, fed in enumerate(groups):
@@ -140,6 +106,51 @@ def plan_passes(
             )
         )
     return batches
+
+
+def _chains(tree: TokenTree, wanted: set[int]) -> tuple[list[list[int]], dict[int, list[int]]]:
+    """The root-to-parent chains of the ``wanted`` nodes' fed ancestors, in depth-first order (``[[]]`` when only
+    children of the root are wanted), and each fed or wanted node's fed or wanted children, by parent."""
+    fed_set: set[int] = set()
+    for node in wanted:
+        parent = tree.parents[node]
+        while parent >= 0 and parent not in fed_set:
+            fed_set.add(parent)
+            parent = tree.parents[parent]
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(tree.parents):
+        if node in fed_set or node in wanted:
+            children.setdefault(parent, []).append(node)
+    chains: list[list[int]] = []
+    # Depth first without recursion: a label of a thousand tokens is a chain a thousand nodes deep.
+    stack: list[tuple[int, list[int]]] = [(kid, []) for kid in reversed(children.get(-1, []))]
+    while stack:
+        node, chain = stack.pop()
+        kids = [k for k in children.get(node, []) if k in fed_set or k in wanted] if node in fed_set else []
+        if not kids:
+            if chain:
+                chains.append(chain)
+            continue
+        stack.extend((kid, [*chain, node]) for kid in reversed(kids))
+    if not chains:
+        chains = [[]] if any(tree.parents[q] < 0 for q in wanted) else []
+    return chains, children
+
+
+def _grouped(chains: list[list[int]], *, limit: int) -> list[list[int]]:
+    """The chains packed, in order, into groups of at most ``limit`` distinct nodes (shared ancestors once)."""
+    groups: list[list[int]] = []
+    current: dict[int, None] = {}
+    for chain in chains:
+        merged = dict(current)
+        merged.update(dict.fromkeys(chain))
+        if len(merged) > limit and current:
+            groups.append(list(current))
+            merged = dict.fromkeys(chain)
+        current = merged
+    if chains:
+        groups.append(list(current))
+    return groups
 
 
 def one_wave(schema: Schema) -> Schema:

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.calibrate.correction import CORRECTION_WINDOW
-from pcd_engine.errors import OptionError
+from pcd_engine.errors import OptionError, check_count
 from pcd_engine.options import CORRECTIONS
-from pcd_engine.schema import Schema, compile_schema
+from pcd_engine.schema import FieldSpec, Schema, compile_schema
 from pcd_engine.tools.comparators import BASELINES, INVALID, Progress, ready
 from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classification_metrics
 
@@ -198,8 +198,7 @@ def evaluate(
         The report: pcd first, then each baseline.
     """
     ready(engine, against)
-    if max_chars is not None and max_chars < 1:
-        raise OptionError(f"max_chars: expected a positive number, but got {max_chars}.")
+    check_count(max_chars, "max_chars")
     calibrated = dict(calibrations or {})
     own = extract_options.get("correction") or engine.options.correction
     corrected = {f"pcd, correction={c}": c for c in corrections if c != own}
@@ -230,8 +229,20 @@ def evaluate(
                 times[method].append(result.ms)
                 value = (result.values or {}).get(field, INVALID)
                 preds[method].append(str(value) if schema.field(field).allows(value) else INVALID)
+    return _report(docs, schema.field(field), methods, preds, times, probabilities)
+
+
+def _report(
+    docs: Sequence[LabelledText],
+    spec: FieldSpec,
+    methods: Sequence[str],
+    preds: Mapping[str, list[str]],
+    times: Mapping[str, list[float]],
+    probabilities: Mapping[str, list[float]],
+) -> EvalReport:
+    """Each method's predictions scored against the gold labels (pcd's row first)."""
     gold = [d.label for d in docs]
-    labels = [str(v) for v in schema.field(field).values]
+    labels = [str(v) for v in spec.values]
     scores = tuple(
         MethodScore(
             method=m,
@@ -244,7 +255,7 @@ def evaluate(
         )
         for m in methods
     )
-    return EvalReport(field, tuple(labels), tuple(gold), scores)
+    return EvalReport(spec.name, tuple(labels), tuple(gold), scores)
 
 
 def parse_corrections(text: str | None) -> tuple[str, ...]:

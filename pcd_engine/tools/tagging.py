@@ -14,15 +14,14 @@ job is an :class:`~pcd_engine.errors.InputError` (never a silent mix); ``overwri
 process at a time writes an output (a lock file ``OUT.lock`` while it runs).
 
 The rows are :func:`~pcd_engine.tools.tag_table.tag_table`'s; a document that fails (empty, too long, a
-decoding error) becomes an error row and the job goes on.
+decoding error) becomes an error row and the job goes on. The output's files and the job description are
+:mod:`pcd_engine.tools.tag_output`'s.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -36,12 +35,12 @@ from pcd_engine.errors import (
     InputError,
     check_count,
     pip_install,
-    require,
 )
 from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.run.admission import check_text
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.corpus import CorpusDocument, check_unique, read_corpus
+from pcd_engine.tools.tag_output import TagOutput, job_identity, output_path
 from pcd_engine.tools.tag_table import ERROR_COLUMN, tag_columns, tag_table
 
 if TYPE_CHECKING:
@@ -49,12 +48,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_PART_SIZE",
-    "JOB_KEY",
     "TagSummary",
-    "check_output",
     "engine_parts",
-    "job_identity",
-    "read_tag_table",
     "run_tag_job",
     "tag_corpus",
     "tag_outcomes",
@@ -66,9 +61,6 @@ RUNNERS_GROUP = "pcd_engine.tag_runners"
 
 DEFAULT_PART_SIZE = 64
 """Documents per part file: the most work an interrupted job can lose."""
-
-JOB_KEY = b"pcd.tag"
-"""The Parquet metadata key of an output's job description."""
 
 Runner = Callable[[Sequence[CorpusDocument]], Iterator[Any]]
 """Tags documents: takes the readable documents still to do (:attr:`CorpusDocument.error` unset; the job writes the
@@ -103,155 +95,10 @@ class TagSummary:
         return self.tagged / self.seconds if self.tagged and self.seconds > 0 else 0.0
 
 
-def _pq() -> Any:
-    (pq,) = require("pyarrow.parquet", what="pcd tag (Parquet output)", install=pip_install("tag"))
-    return pq
-
-
-def job_identity(
-    schema: Schema, *, model: str, options: ExtractOptions | None = None, columns: Mapping[str, str | None]
-) -> dict[str, Any]:
-    """What makes two runs the same job: the schema, the model, the options that change values, the input columns.
-
-    Args:
-        schema: The compiled schema.
-        model: The model as the user named it resolved to a path or repo id, with its backend and dtype.
-        options: The extraction options given (unset ones are the engine's defaults).
-        columns: The input columns read (``{"text": ..., "id": ...}``).
-    """
-    set_fields = (options or ExtractOptions()).set_fields()
-    if "calibration" in set_fields:  # a calibration is part of the job as the JSON it is saved as
-        set_fields["calibration"] = set_fields["calibration"].to_json()
-    return {
-        "schema": {"title": schema.title, "fingerprint": schema.fingerprint, "json": schema.json_schema()},
-        "model": model,
-        "options": json.loads(json.dumps(set_fields, default=repr, sort_keys=True)),
-        "columns": dict(columns),
-    }
-
-
-def _differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    names = {"schema": "schema", "model": "model", "options": "options", "columns": "input columns"}
-    out = []
-    for key, name in names.items():
-        if old.get(key) != new.get(key):
-            if key == "schema":
-                out.append(f"schema ({old.get('schema', {}).get('title')!r} then, {new['schema']['title']!r} now)")
-            else:
-                out.append(f"{name} ({old.get(key)!r} then, {new[key]!r} now)")
-    return out
-
-
-class _Output:
-    """The output file, its parts folder and job file, and the lock."""
-
-    def __init__(self, path: Path, identity: Mapping[str, Any]) -> None:
-        self.path = path
-        self.parts = path.with_name(path.name + ".parts")
-        self.job_file = self.parts / "job.json"
-        self.identity = dict(identity)
-        self._next = 0
-
-    def check(self, *, overwrite: bool) -> None:
-        """Start afresh (``overwrite``) or make sure what is there was written by this job."""
-        if overwrite:
-            shutil.rmtree(self.parts, ignore_errors=True)
-            if self.path.exists():
-                self.path.unlink()
-            return
-        for where, old in (("its parts", self._job_of_parts()), ("it", self._job_of_output())):
-            if old is not None and old != self.identity:
-                differs = "; ".join(_differences(old, self.identity)) or "its description"
-                raise InputError(
-                    f"Output {str(self.path)!r}: expected {where} to come from this job, but the {differs} differ. "
-                    "Pass --overwrite (overwrite=True) to start again, or choose another output."
-                )
-
-    def _job_of_parts(self) -> dict[str, Any] | None:
-        if not self.job_file.exists():
-            return None
-        try:
-            return dict(json.loads(self.job_file.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
-            raise InputError(f"Output parts {str(self.parts)!r}: expected a readable job.json ({exc}).") from None
-
-    def _job_of_output(self) -> dict[str, Any] | None:
-        if not self.path.exists():
-            return None
-        try:
-            metadata = _pq().read_schema(self.path).metadata or {}
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
-            raise InputError(
-                f"Output {str(self.path)!r}: expected a Parquet file written by pcd tag, but reading it failed "
-                f"({exc}). Pass --overwrite to replace it."
-            ) from None
-        if JOB_KEY not in metadata:
-            raise InputError(
-                f"Output {str(self.path)!r}: expected a Parquet file written by pcd tag, but it has no pcd job "
-                "description. Pass --overwrite to replace it."
-            )
-        return dict(json.loads(metadata[JOB_KEY]))
-
-    def part_files(self) -> list[Path]:
-        return sorted(self.parts.glob("part-*.parquet")) if self.parts.exists() else []
-
-    def start(self) -> None:
-        """Make the parts folder, write the job file, clear temporary files a killed run left."""
-        self.parts.mkdir(parents=True, exist_ok=True)
-        for stale in self.parts.glob("*.tmp"):
-            stale.unlink()
-        _atomic_write_text(self.job_file, json.dumps(self.identity, indent=2, ensure_ascii=False))
-        numbers = [int(p.stem.split("-")[1]) for p in self.part_files()]
-        self._next = max(numbers, default=-1) + 1
-
-    def done_ids(self) -> set[str]:
-        pq = _pq()
-        done: set[str] = set()
-        for source in ([self.path] if self.path.exists() else []) + self.part_files():
-            done.update(pq.read_table(source, columns=["id"]).column("id").to_pylist())
-        return done
-
-    def write_part(self, table: Any) -> None:
-        final = self.parts / f"part-{self._next:06d}.parquet"
-        self._next += 1
-        tmp = final.with_name(final.name + ".tmp")
-        _pq().write_table(table, tmp)
-        os.replace(tmp, final)
-
-    def finish(self, order: Sequence[str], empty: Any) -> tuple[Any, int]:
-        """Merge the earlier output and the parts into the output, in ``order``; returns it and the rows dropped."""
-        pq = _pq()
-        import pyarrow as pa
-
-        sources = ([self.path] if self.path.exists() else []) + self.part_files()
-        tables = [pq.read_table(s).replace_schema_metadata(None) for s in sources]
-        merged = pa.concat_tables([empty, *tables], promote_options="none") if tables else empty
-        first: dict[str, int] = {}
-        for index, doc_id in enumerate(merged.column("id").to_pylist()):
-            first.setdefault(doc_id, index)
-        missing = [doc_id for doc_id in order if doc_id not in first]
-        if missing:
-            raise InputError(f"Output {str(self.path)!r}: expected every document tagged, but {len(missing)} are not.")
-        dropped = len(set(first) - set(order))
-        out = merged.take(pa.array([first[doc_id] for doc_id in order], type=pa.int64()))
-        out = out.replace_schema_metadata({JOB_KEY: json.dumps(self.identity, ensure_ascii=False).encode("utf-8")})
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        pq.write_table(out, tmp)
-        os.replace(tmp, self.path)
-        shutil.rmtree(self.parts, ignore_errors=True)
-        return out, dropped
-
-
 def _ids(ids: Sequence[str]) -> Any:
     import pyarrow as pa
 
     return pa.array(ids, type=pa.string())
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def tag_outcomes(
@@ -329,29 +176,6 @@ def tag_runner(name: str) -> Callable[..., Any]:
     return factory
 
 
-def check_output(output: str | os.PathLike[str], identity: Mapping[str, Any], *, overwrite: bool = False) -> None:
-    """Fail early, before any model loads, when ``output`` cannot take this job: a name that is not
-    ``.parquet``, a missing folder, or (unless ``overwrite``) an output or parts written by another job.
-
-    Raises:
-        InputError: Saying which.
-    """
-    path = _output_path(output)
-    if not overwrite:
-        _Output(path, identity).check(overwrite=False)
-
-
-def _output_path(output: str | os.PathLike[str]) -> Path:
-    path = Path(output)
-    if path.suffix.lower() not in (".parquet", ".pq"):
-        raise InputError(f"Output {str(path)!r}: expected a .parquet file name, but got {path.suffix or 'none'}.")
-    if not path.parent.exists():
-        raise InputError(
-            f"Output {str(path)!r}: expected an existing folder {str(path.parent)!r}, but it does not exist."
-        )
-    return path
-
-
 def run_tag_job(
     docs: Sequence[CorpusDocument],
     schema: Schema,
@@ -387,11 +211,11 @@ def run_tag_job(
     from filelock import FileLock, Timeout
     from tqdm.auto import tqdm
 
-    path = _output_path(output)
+    path = output_path(output)
     check_unique(docs)
     columns = tag_columns(schema, reserved=["id"])
     empty = tag_table(schema, [], leading={"id": _ids([])}, columns=columns)
-    store = _Output(path, identity)
+    store = TagOutput(path, identity)
     lock = FileLock(str(path.with_name(path.name + ".lock")))
     try:
         lock.acquire(timeout=0)
@@ -495,20 +319,3 @@ def tag_corpus(
     identity = job_identity(compiled, model=model_id, options=call, columns={"text": text_column, "id": id_column})
     runner = engine_parts(engine, compiled, options=call, part_size=part_size, batch_size=batch_size)
     return run_tag_job(docs, compiled, output, identity=identity, runner=runner, overwrite=overwrite, quiet=quiet)
-
-
-def read_tag_table(path: str | os.PathLike[str]) -> tuple[Any, dict[str, Any]]:
-    """A tag table and its job description.
-
-    Raises:
-        InputError: If the file cannot be read or was not written by ``pcd tag``.
-    """
-    pq = _pq()
-    try:
-        table = pq.read_table(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
-        raise InputError(f"Tag table {str(path)!r}: expected a Parquet file, but reading it failed ({exc}).") from None
-    metadata = table.schema.metadata or {}
-    if JOB_KEY not in metadata:
-        raise InputError(f"Tag table {str(path)!r}: expected a file written by pcd tag, but it has no job description.")
-    return table.replace_schema_metadata(None), dict(json.loads(metadata[JOB_KEY]))

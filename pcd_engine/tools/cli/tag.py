@@ -64,8 +64,9 @@ def cmd_tag(args: argparse.Namespace) -> int:
     from pcd_engine.models.resolve import resolve_model
     from pcd_engine.schema import compile_schema
     from pcd_engine.tools.corpus import read_corpus
+    from pcd_engine.tools.tag_output import check_output, job_identity
     from pcd_engine.tools.tag_table import tag_columns
-    from pcd_engine.tools.tagging import check_output, engine_parts, job_identity, run_tag_job
+    from pcd_engine.tools.tagging import engine_parts, run_tag_job
 
     if args.preset and args.schema:
         raise OptionError("pcd tag: expected either --preset or --schema, but got both.")
