@@ -4,8 +4,9 @@ The engine's compile cache (schema heads, compiled waves, pass plans, row plans;
 shared by every call. Everything here belongs to one call only (the tokens fed and pending, the tail text with
 the answers written so far, the results, warnings and timings), so concurrent calls never see each other's
 tokens. A request runs in steps, one method each: :meth:`Request.open` (check, tokenize, prefill the head if it
-is not cached), :meth:`Request.decide_wave` per wave, :meth:`Request.generate` for the open rows, and
-:meth:`Request.result`.
+is not cached; :mod:`pcd_engine.run.opening`), :meth:`Request.decide_wave` per wave, :meth:`Request.generate` for
+the open rows, and :meth:`Request.result`. What a request feeds the model's cache is its base,
+:class:`~pcd_engine.run.feeding.Feeding`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pcd_engine.backends.contract import Backend, RequestState
+from pcd_engine.backends.contract import RequestState
 from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
 from pcd_engine.calibrate.correction import MIN_BATCH, correctable, reads_whole_in_batch
 from pcd_engine.decide.compiler import CompiledWave, questions, written_value
@@ -25,7 +26,7 @@ from pcd_engine.decide.decoding import Decision, Exact, Fixed, Strategy, choose_
 from pcd_engine.decide.planner import plan_passes, plan_waves
 from pcd_engine.decide.staging import PassCost, WaveSearch, plan_reading
 from pcd_engine.decide.tree import TreeBatch
-from pcd_engine.errors import LimitError, PromptAlignmentError
+from pcd_engine.errors import LimitError
 from pcd_engine.generate.open_rows import OpenRows
 from pcd_engine.limits import Watch
 from pcd_engine.options import ExtractOptions
@@ -41,6 +42,7 @@ from pcd_engine.result import (
 )
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.compile_cache import Head
+from pcd_engine.run.feeding import Feeding
 from pcd_engine.run.host import Host
 from pcd_engine.run.opening import admit, open_correction
 from pcd_engine.schema import FieldSpec, Schema
@@ -48,7 +50,6 @@ from pcd_engine.schema import FieldSpec, Schema
 __all__ = ["PHASES", "Request", "WavePlan"]
 
 PHASES = ("tokenize", "prefill", "correction", "compile", "forward", "decode", "generate")
-_EMPTY = TreeBatch((), (), (), (), (), ())
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class WavePlan:
 
 
 @dataclass
-class Request:
+class Request(Feeding):
     """What one extraction has done so far, and its steps.
 
     Attributes:
@@ -438,11 +439,6 @@ class Request:
 
     # ------------------------------------------------------------------------------------------ parts
 
-    @property
-    def backend(self) -> Backend:
-        """The engine's backend."""
-        return self.engine.backend
-
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:
         """Add the time spent in the block to ``phase``."""
@@ -481,84 +477,3 @@ class Request:
         """The engine's pass cost, measured on this request's state (before its pending tokens) on first use."""
         token = wave.tree.tokens[0]
         return lambda: self.engine.pass_cost(self.state, token=token)
-
-    def score(self, passes: Sequence[TreeBatch], logprobs: np.ndarray, index: int) -> None:
-        """Feed the pending tokens and the passes; the log-prob of every node they read into ``logprobs``."""
-        for batch in passes:
-            self.watch.check(f"a scoring pass of wave {index}")
-            scored = self.backend.score_tree(self.state, causal=self.pending, batch=batch)
-            self.absorb(batch, scored, logprobs, documents=1)
-
-    def absorb(self, batch: TreeBatch, scored: np.ndarray, logprobs: np.ndarray, *, documents: int) -> None:
-        """Record one scoring pass of this request (its pending tokens are now fed): the queried nodes'
-        log-probs into ``logprobs``, and how many ``documents`` shared the pass."""
-        logprobs[list(batch.query_nodes)] = scored
-        self.pending = []
-        self.nodes_scored += len(batch.tokens)
-        self.documents_per_pass.append(documents)
-
-    def extend(self, tail_ids: Sequence[int], causal_len: int, *, where: str, need_new: bool) -> None:
-        """Queue the tail tokens a compiled wave or row plan needs after what the state already holds.
-
-        Args:
-            tail_ids: The plan's tail tokens.
-            causal_len: How many of them come before the tree or the rows.
-            where: The plan, for messages.
-            need_new: A scored tree reads its root distribution from the last new token, so it needs one; open
-                rows start from their own prefix tokens and do not.
-
-        Raises:
-            PromptAlignmentError: If the written answers re-tokenized the tail before them, or a tree would get
-                no new token to read its root from.
-        """
-        if tuple(tail_ids[: len(self.committed)]) != self.committed or causal_len < len(self.committed):
-            raise PromptAlignmentError(
-                f"{where}: expected the written answers to extend the tail's tokens, but they re-tokenized the text "
-                "before them."
-            )
-        self.pending = [*self.pending, *tail_ids[len(self.committed) : causal_len]]
-        if not self.pending and need_new:
-            raise PromptAlignmentError(
-                f"{where}: expected new prompt tokens before the tree (the root distribution is read from the last "
-                "one), but the written answers added none."
-            )
-        self.committed = tuple(tail_ids[:causal_len])
-
-    def fit_causal(self, *, extra: int, keep: int) -> None:
-        """Feed the pending causal tokens ahead, in chunks that fit the budget, when they would not fit in one pass
-        with ``extra`` tree tokens; ``keep`` tokens stay pending (a tree reads its root from the last one).
-
-        Raises:
-            LimitError: If one root-to-leaf chain cannot fit even after feeding ahead.
-        """
-        if not self.budget.fits(past=self.state.length, new=len(self.pending) + extra, rows=extra + 1):
-            self.feed_ahead(keep=keep)
-            if not self.budget.fits(past=self.state.length, new=len(self.pending) + extra, rows=extra + 1):
-                raise self.budget.over("one root-to-leaf chain of the answers")
-
-    def feed_ahead(self, *, keep: int) -> None:
-        """Feed all pending causal tokens but the last ``keep`` into the state, in chunks that fit the budget."""
-        while len(self.pending) > keep:
-            chunk = min(self.budget.fit(self.state.length), len(self.pending) - keep)
-            if chunk < 1:
-                raise self.budget.over("the text")
-            self.watch.check("a document pass")
-            self.backend.score_tree(self.state, causal=self.pending[:chunk], batch=_EMPTY)
-            self.pending = self.pending[chunk:]
-
-    def tree_passes(self, wave: CompiledWave, queries: frozenset[int]) -> list[TreeBatch]:
-        """The passes that read ``queries`` of the wave's tree within the budget. The document
-        block rides in the first pass unless feeding it ahead (in causal chunks) saves passes, or is the only way
-        one root-to-leaf chain fits beside it."""
-        cache, packed = self.engine.cache, wave.tree.packed
-        longest = 1 + max((wave.tree.depths[n] for n in packed), default=0)
-        self.fit_causal(extra=longest, keep=1)
-        past, pending = self.state.length, len(self.pending)
-        passes = cache.passes(wave, self.budget.max_nodes(past, pending), queries)
-        if len(passes) > 1 and pending > 1:
-            ahead = cache.passes(wave, self.budget.max_nodes(past + pending - 1, 1), queries)
-            chunks = -(-(pending - 1) // max(1, self.budget.fit(past)))
-            if chunks + len(ahead) < len(passes):
-                self.feed_ahead(keep=1)
-                passes = ahead
-        return passes
