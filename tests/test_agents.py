@@ -151,7 +151,7 @@ def test_llamaindex_function_agent_calls_the_tool_reads_the_result_and_answers(s
     from llama_index.core.agent.workflow import FunctionAgent
     from llama_index.core.tools import FunctionTool
 
-    import pcd_integrations.llamaindex as adapter
+    import pcd_integrations.llamaindex.llm as adapter
 
     looked_up: list[str] = []
 

@@ -631,7 +631,7 @@ def test_tool_choice_equals_the_engine_decision_on_the_same_document(tiny_engine
 def test_tool_results_in_the_history_reach_the_decision(tiny_engine, monkeypatch):
     from langchain_core.messages import ToolMessage
 
-    import pcd_integrations.langchain as adapter
+    import pcd_integrations.langchain.chat_model as adapter
 
     seen = []
     real = adapter.decide_tools
@@ -655,7 +655,7 @@ def test_tool_results_in_the_history_reach_the_decision(tiny_engine, monkeypatch
 
 
 def test_a_calls_model_overrides_the_chat_models(tiny_engine, monkeypatch):
-    import pcd_integrations.langchain as adapter
+    import pcd_integrations.langchain.chat_model as adapter
 
     loaded = []
     monkeypatch.setattr(adapter, "shared_engine", lambda model, backend: loaded.append((model, backend)) or tiny_engine)

@@ -243,3 +243,30 @@ def test_the_backend_check_can_fail(tmp_path):
         "pcd_engine.decide.planner",
         "pcd_engine.schema",
     }
+
+
+SOURCES = sorted([*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "pcd_integrations").rglob("*.py")])
+
+
+def long_parts(path: Path, *, max_lines: int = 500, max_function: int = 80) -> list[str]:
+    """What in ``path`` is too long to read in one sitting: the file past ``max_lines`` lines, functions past
+    ``max_function`` (docstrings included)."""
+    text = path.read_text(encoding="utf-8")
+    found = [f"{len(text.splitlines())} lines"] if len(text.splitlines()) > max_lines else []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > max_function:
+                found.append(f"{node.name}: {length} lines")
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.relative_to(PACKAGE.parent).as_posix())
+def test_no_file_over_500_lines_and_no_function_over_80(path):
+    assert not long_parts(path), f"{path.relative_to(PACKAGE.parent)}: {long_parts(path)}"
+
+
+def test_the_length_check_can_fail(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n" + "    x = 1\n" * 90 + "\n" * 420)
+    assert long_parts(probe) == ["511 lines", "f: 91 lines"]

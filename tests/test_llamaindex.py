@@ -227,7 +227,7 @@ def test_extractor_tags_with_generated_text(default_engine):
 
 
 def test_chat_keeps_roles_through_the_chat_template(llm, default_engine, monkeypatch):
-    import pcd_integrations.llamaindex as adapter
+    import pcd_integrations.llamaindex.llm as adapter
     from pcd_engine import ChatMessage as Turn
     from pcd_engine import stream_chat
 
@@ -276,7 +276,7 @@ def test_an_explicit_max_tokens_bounds_open_fields_of_structured_predictions():
 
 
 def test_extractor_takes_its_engine_from_llm_or_model(default_engine, monkeypatch):
-    import pcd_integrations.llamaindex as adapter
+    import pcd_integrations.llamaindex.extractor as adapter
 
     seen = []
     real = default_engine.extract_many

@@ -72,7 +72,7 @@ def test_timeout_bounds_structured_predictions_and_free_text(tiny_engine, monkey
 
 
 def test_model_name_typos_and_unknown_arguments(tiny_engine, monkeypatch):
-    import pcd_integrations.llamaindex as adapter
+    import pcd_integrations.llamaindex.llm as adapter
 
     assert PCDLLM(model_name="smollm2-135m").model == "smollm2-135m"
     with pytest.raises(OptionError, match="name different models"):
@@ -111,7 +111,7 @@ class _OtherLLM(MockLLM):
 
 
 def test_extractor_takes_settings_llm_and_refuses_another_llm(tiny_engine, monkeypatch):
-    import pcd_integrations.llamaindex as adapter
+    import pcd_integrations.llamaindex.extractor as adapter
 
     seen = seen_options(tiny_engine, monkeypatch)
     monkeypatch.setattr(Settings, "_llm", PCDLLM(engine=tiny_engine, options={"temperature": 4.0}))

@@ -74,7 +74,7 @@ def test_the_wheel_and_sdist_carry_the_name_version_and_metadata(dist):
     assert {"torch", "mlx", "langchain", "llamaindex", "ray", "serve"} <= set(meta.get_all("Provides-Extra"))
     assert "pcd = pcd_engine.tools.cli:main" in entry_points
     assert f"pcd_llm-{version}.dist-info/licenses/LICENSE" in names
-    for packaged in ("pcd_engine/py.typed", "pcd_engine/web/index.html", "pcd_integrations/langchain.py"):
+    for packaged in ("pcd_engine/py.typed", "pcd_engine/web/index.html", "pcd_integrations/langchain/chat_model.py"):
         assert packaged in names, packaged
     assert not [n for n in names if n.startswith("tests/")]
     with tarfile.open(sdist) as t:

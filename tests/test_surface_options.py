@@ -21,8 +21,10 @@ SURFACES = [
     "pcd_engine/tools/serve/server.py",
     "pcd_engine/tools/serve/answers.py",
     "pcd_engine/tools/tagging.py",
-    "pcd_integrations/langchain.py",
-    "pcd_integrations/llamaindex.py",
+    "pcd_integrations/langchain/chat_model.py",
+    "pcd_integrations/llamaindex/program.py",
+    "pcd_integrations/llamaindex/llm.py",
+    "pcd_integrations/llamaindex/extractor.py",
     "pcd_integrations/ray.py",
 ]
 
@@ -132,6 +134,8 @@ def test_the_same_settings_give_the_same_options_on_every_surface(tiny_engine, m
     from pcd_engine.tools.cli import common
     from pcd_engine.tools.serve import answers, server
     from pcd_integrations import langchain, llamaindex
+    from pcd_integrations.langchain import chat_model
+    from pcd_integrations.llamaindex import extractor, llm, program
 
     seen: list[str] = []
     real = pcd_engine.options.surface_options
@@ -140,18 +144,18 @@ def test_the_same_settings_give_the_same_options_on_every_surface(tiny_engine, m
         seen.append(layers[0][0] if layers else "settings")
         return real(*layers, **settings)
 
-    for module in (common, answers, server, langchain, llamaindex):
+    for module in (common, answers, server, chat_model, program, llm, extractor):
         monkeypatch.setattr(module, "surface_options", spy)
     options = {"anchor": False}
     chat = langchain.ChatPCD(engine=tiny_engine, temperature=2.0, timeout=5, max_tokens=7, options=options)
-    llm = llamaindex.PCDLLM(engine=tiny_engine, temperature=2.0, timeout=5, max_tokens=7, options=options)
+    pcd_llm = llamaindex.PCDLLM(engine=tiny_engine, temperature=2.0, timeout=5, max_tokens=7, options=options)
 
     class Tags(BaseModel):
         ok: bool
 
-    extractor = llamaindex.PCDMetadataExtractor(Tags, llm=llm)
+    tagger = llamaindex.PCDMetadataExtractor(Tags, llm=pcd_llm)
     expected = real(("options", options), temperature=2.0, timeout=5, max_tokens=7)
-    assert chat._call_options() == llm.extract_options == extractor._call_options() == expected
+    assert chat._call_options() == pcd_llm.extract_options == tagger._call_options() == expected
 
     serving = server.Server(tiny_engine, "pcd", 1000, 7, RequestLimits(), 1.0)
     got = answers.extract_options(serving, options, 2.0, 7, param="max_tokens")

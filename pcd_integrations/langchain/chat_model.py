@@ -1,36 +1,22 @@
-"""LangChain adapter: :class:`ChatPCD`, a local chat model whose ``with_structured_output`` runs pcd's engine.
-
-Free text (``invoke``, ``stream``) is greedy generation on the same local model (:func:`pcd_engine.stream_chat`).
-Structured output compiles the schema's closed fields into token tries and decides them in one tree-packed pass
-per wave; the reply's content is the JSON object, and each field's probability, candidate mass and alternatives
-are in the message's ``response_metadata["pcd"]``. A ``batch`` of structured calls is ONE engine call.
-
-Install with ``pip install "pcd-llm[langchain]"``.
-"""
+"""The LangChain chat model on pcd's engine: :class:`ChatPCD` (see :mod:`pcd_integrations.langchain`)."""
 
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
-
-from pcd_engine.errors import pip_install, require
-
-require("langchain_core", what="pcd_integrations.langchain", install=pip_install("langchain"))
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
 from langchain_core.language_models.base import LangSmithParams
 from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.language_models.model_profile import ModelProfile
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.messages.tool import tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.tools import BaseTool
-from langchain_core.utils.function_calling import convert_to_json_schema, convert_to_openai_tool
-from langchain_core.utils.pydantic import is_basemodel_subclass
+from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, model_validator
 
 from pcd_engine import (
@@ -42,122 +28,24 @@ from pcd_engine import (
     stream_chat,
 )
 from pcd_engine.errors import ContextError, check_count
-from pcd_engine.generate.free_text import document_text
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import surface_options
 from pcd_engine.result import TokenUsage
 from pcd_engine.run.admission import check_text
-from pcd_engine.tool_calls import Tool, call_id, called_text, choice_of, decide_tools, tool_result_text
+from pcd_engine.tool_calls import Tool, choice_of, decide_tools
 from pcd_integrations._shared import read_settings, refuse_sampling, shared_engine
+from pcd_integrations.langchain.messages import (
+    METHODS,
+    ROLES,
+    SharedBatch,
+    Target,
+    Tools,
+    conversation_text,
+    last_chunk,
+    message_text,
+)
 
 __all__ = ["ChatPCD"]
-
-_METHODS = ("json_schema", "function_calling", "json_mode")
-_ROLE = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user", "chat": "user"}
-
-
-def _text(message: BaseMessage) -> str:
-    content = message.content
-    if isinstance(content, str):
-        return content
-    return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, (str, dict)))
-
-
-def _turn_text(message: BaseMessage) -> str:
-    """A turn as the decision reads it: tool calls and tool results are labelled, so the model sees what was
-    called and what came back."""
-    if isinstance(message, ToolMessage):
-        return tool_result_text(message.name or message.tool_call_id, _text(message))
-    made = called_text([(c["name"], c["args"]) for c in getattr(message, "tool_calls", None) or []])
-    return "\n".join(t for t in (_text(message), made) if t)
-
-
-def _document(messages: Sequence[BaseMessage]) -> str:
-    """The text pcd classifies: every turn's text, in order (instructions in system turns included)."""
-    return document_text([_turn_text(m) for m in messages])
-
-
-def _is_typeddict(schema: Any) -> bool:
-    from typing_extensions import is_typeddict
-
-    return isinstance(schema, type) and is_typeddict(schema)
-
-
-def _key(messages: Sequence[BaseMessage]) -> tuple[tuple[str, str], ...]:
-    return tuple((m.type, _text(m)) for m in messages)
-
-
-class _Target:
-    """What ``with_structured_output`` was given, and how to turn pcd's values back into it."""
-
-    def __init__(self, schema: Any, *, tool: str | None = None, options: ExtractOptions | None = None) -> None:
-        self.schema = schema
-        self.tool = tool
-        self.options = options or ExtractOptions()
-        self.pydantic = isinstance(schema, type) and is_basemodel_subclass(schema)
-        if self.pydantic and hasattr(schema, "model_json_schema"):
-            self.engine_schema: Any = schema  # Pydantic v2: the engine reads it directly
-        elif self.pydantic or isinstance(schema, dict) or _is_typeddict(schema):
-            try:
-                self.engine_schema = convert_to_json_schema(schema)
-            except (ValueError, TypeError) as exc:
-                raise ValueError(f"Schema: expected a Pydantic model, TypedDict or JSON Schema, but {exc}") from exc
-        else:
-            raise ValueError(
-                f"Schema: expected a Pydantic model class, a TypedDict, a JSON Schema dict or an OpenAI tool dict, "
-                f"but got {type(schema).__name__}."
-            )
-
-    def parse(self, message: BaseMessage) -> Any:
-        error = message.response_metadata.get("pcd_error")
-        if error:
-            raise SchemaError(error)
-        values = json.loads(_text(message))
-        return self.schema(**values) if self.pydantic else values
-
-
-class _Tools:
-    """What ``bind_tools`` was given: the tools, the choice, and the answer's schema when the model answers."""
-
-    def __init__(self, tools: list[Tool], choice: str, parallel: bool, response: _Target | None) -> None:
-        self.tools, self.choice, self.parallel, self.response = tools, choice, parallel, response
-
-
-class _SharedBatch:
-    """The answers of one structured batch, decided by ONE engine call on the first run that asks (the other runs
-    wait for it), then handed to each run by its conversation."""
-
-    def __init__(self, llm: ChatPCD, conversations: Sequence[Sequence[BaseMessage]], target: _Target) -> None:
-        self._llm, self._conversations, self._target = llm, conversations, target
-        self._answers: dict[tuple[tuple[str, str], ...], ChatResult | Exception] | None = None
-        self._lock = threading.Lock()
-
-    def answer(self, messages: Sequence[BaseMessage]) -> ChatResult | Exception:
-        with self._lock:
-            if self._answers is None:
-                decided = self._llm._structured(self._conversations, self._target)
-                self._answers = {_key(c): a for c, a in zip(self._conversations, decided, strict=True)}
-        hit = self._answers.get(_key(messages))
-        return hit if hit is not None else self._llm._structured([messages], self._target)[0]
-
-
-def _last_chunk(result: ChatResult) -> ChatGenerationChunk:
-    """A reply decided whole as the one, last chunk of a stream: its text, its tool calls as tool-call chunks, its
-    metadata and usage."""
-    message = result.generations[0].message
-    calls = [
-        {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
-        for i, c in enumerate(getattr(message, "tool_calls", []))
-    ]
-    return ChatGenerationChunk(
-        message=AIMessageChunk(
-            content=message.content,
-            tool_call_chunks=calls,  # type: ignore[arg-type]
-            response_metadata=message.response_metadata,
-            usage_metadata=getattr(message, "usage_metadata", None),
-            chunk_position="last",
-        )
-    )
 
 
 class ChatPCD(BaseChatModel):
@@ -322,7 +210,7 @@ class ChatPCD(BaseChatModel):
     ) -> ChatResult:
         """The reply, gathered from :meth:`_stream` (as LangChain's own chat models do), except in a structured
         :meth:`batch`, whose answers were decided together in one engine call."""
-        shared: _SharedBatch | None = kwargs.pop("pcd_batch", None)
+        shared: SharedBatch | None = kwargs.pop("pcd_batch", None)
         if shared is not None and "pcd_tools" not in kwargs and self._override(dict(kwargs)) is None:
             answer = shared.answer(messages)
             if isinstance(answer, Exception):
@@ -343,11 +231,11 @@ class ChatPCD(BaseChatModel):
         if other is not None:
             yield from other._stream(messages, stop=stop, run_manager=run_manager, **kwargs)
             return
-        tools: _Tools | None = kwargs.pop("pcd_tools", None)
+        tools: Tools | None = kwargs.pop("pcd_tools", None)
         if tools is not None:
             decided = self._tool_reply(messages, tools)
             if decided is not None:
-                yield _last_chunk(decided)
+                yield last_chunk(decided)
                 return
             if tools.response is not None:
                 kwargs["pcd_schema"] = tools.response
@@ -356,10 +244,10 @@ class ChatPCD(BaseChatModel):
             answer = self._structured([messages], target)[0]
             if isinstance(answer, Exception):
                 raise answer
-            yield _last_chunk(answer)
+            yield last_chunk(answer)
             return
         refuse_sampling("ChatPCD", self.temperature)
-        turns = [ChatMessage(_ROLE.get(m.type, "user"), _text(m)) for m in messages]
+        turns = [ChatMessage(ROLES.get(m.type, "user"), message_text(m)) for m in messages]
         limit = int(kwargs.get("max_tokens", self.max_tokens))
         chunks = stream_chat(
             self.get_engine(), turns, max_new_tokens=limit, stop=stop or self.stop or (), time_limit_s=self.timeout
@@ -381,11 +269,11 @@ class ChatPCD(BaseChatModel):
 
     # ------------------------------------------------------------------------------------------ structured
 
-    def _tool_reply(self, messages: Sequence[BaseMessage], tools: _Tools) -> ChatResult | None:
+    def _tool_reply(self, messages: Sequence[BaseMessage], tools: Tools) -> ChatResult | None:
         """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
         options = self._call_options()
         decision = decide_tools(
-            self.get_engine(), _document(messages), tools.tools, choice=tools.choice, parallel=tools.parallel,
+            self.get_engine(), conversation_text(messages), tools.tools, choice=tools.choice, parallel=tools.parallel,
             options=options,
         )  # fmt: skip
         if decision.answer:
@@ -400,13 +288,13 @@ class ChatPCD(BaseChatModel):
         return ChatResult(generations=[ChatGeneration(message=message)])
 
     def _structured(
-        self, conversations: Sequence[Sequence[BaseMessage]], target: _Target
+        self, conversations: Sequence[Sequence[BaseMessage]], target: Target
     ) -> list[ChatResult | Exception]:
         """Decide ``target`` for every conversation with ONE engine call (:meth:`Engine.extract_many`: one pass per
         wave for a whole batch); a conversation the engine cannot read (no text, too long) gets its own error and
         never fails the others."""
         engine = self.get_engine()
-        documents = [_document(c) for c in conversations]
+        documents = [conversation_text(c) for c in conversations]
         options = self._call_options(("with_structured_output", target.options))
         errors: dict[int, Exception] = {}
         for i, document in enumerate(documents):
@@ -425,15 +313,11 @@ class ChatPCD(BaseChatModel):
         decided = iter([r if isinstance(r, Exception) else self._message(r, target) for r in results])
         return [errors[i] if i in errors else next(decided) for i in range(len(documents))]
 
-    def _message(self, result: ExtractionResult, target: _Target) -> ChatResult:
-        """One decided conversation as a chat result (a tool call when the target is a tool)."""
+    def _message(self, result: ExtractionResult, target: Target) -> ChatResult:
+        """One decided conversation as a chat result: the values as the JSON content."""
         values = {k: getattr(v, "value", v) for k, v in result.values.items()}
-        calls = []
-        if target.tool is not None:
-            calls = [tool_call(name=target.tool, args=values, id=call_id())]
         message = AIMessage(
-            content="" if calls else json.dumps(values, ensure_ascii=False),
-            tool_calls=calls,
+            content=json.dumps(values, ensure_ascii=False),
             response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": result.evidence()},
             usage_metadata=TokenUsage(result.stats.prompt_tokens, result.stats.generated_tokens).input_output(),  # type: ignore[arg-type]
         )
@@ -455,7 +339,7 @@ class ChatPCD(BaseChatModel):
         if target is None or not inputs:
             return super().batch(inputs, config, return_exceptions=return_exceptions, **kwargs)
         conversations = [self._convert_input(i).to_messages() for i in inputs]
-        shared = _SharedBatch(self, conversations, target)
+        shared = SharedBatch(self._structured, conversations, target)
         return super().batch(inputs, config, return_exceptions=return_exceptions, pcd_batch=shared, **kwargs)
 
     async def abatch(
@@ -509,14 +393,14 @@ class ChatPCD(BaseChatModel):
             schema = response_format
             if isinstance(schema, dict) and schema.get("type") == "json_schema":
                 schema = dict(schema["json_schema"]["schema"], title=schema["json_schema"].get("name", "Response"))
-            response = _Target(schema)
+            response = Target(schema)
             bound["pcd_schema"] = response
         if not specs:
             return self.bind(**bound)
         choice = choice_of(tool_choice, [spec["name"] for spec in specs])
         given = [Tool(s["name"], s.get("description"), s.get("parameters") or {}) for s in specs]
         bound.pop("pcd_schema", None)
-        bound["pcd_tools"] = _Tools(given, choice, bool(parallel_tool_calls), response)
+        bound["pcd_tools"] = Tools(given, choice, bool(parallel_tool_calls), response)
         return self.bind(**bound)
 
     def with_structured_output(  # type: ignore[override]
@@ -547,9 +431,9 @@ class ChatPCD(BaseChatModel):
             ValueError: On an unknown method, or a schema of no supported kind.
         """
         options = surface_options(("with_structured_output", kwargs))
-        if method not in _METHODS:
-            raise ValueError(f"with_structured_output: expected method in {list(_METHODS)}, but got {method!r}.")
-        target = _Target(schema, options=options)
+        if method not in METHODS:
+            raise ValueError(f"with_structured_output: expected method in {list(METHODS)}, but got {method!r}.")
+        target = Target(schema, options=options)
         llm = self.bind(
             pcd_schema=target,
             ls_structured_output_format={"kwargs": {"method": method, "strict": strict}, "schema": schema},

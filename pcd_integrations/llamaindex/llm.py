@@ -1,0 +1,293 @@
+"""The LlamaIndex LLM on pcd's engine (:class:`PCDLLM`): free text by greedy decoding on the same local model, tool
+calls decided by the engine, structured predictions through the Pydantic program
+(:class:`~pcd_integrations.llamaindex.program.PCDPydanticProgram`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from typing import Any
+
+from llama_index.core.base.llms.types import ChatMessage as LIChatMessage
+from llama_index.core.base.llms.types import (
+    ChatResponse,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+    MessageRole,
+    ToolCallBlock,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.function_calling import FunctionCallingLLM
+from llama_index.core.llms.llm import ToolSelection
+from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
+from llama_index.core.tools.types import BaseTool
+from pydantic import BaseModel
+
+from pcd_engine import ChatMessage, Engine, ExtractOptions, stream_chat
+from pcd_engine.generate.free_text import document_text
+from pcd_engine.models.resolve import DEFAULT_MODEL
+from pcd_engine.options import surface_options
+from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
+from pcd_integrations._shared import read_settings, refuse_sampling, shared_engine
+from pcd_integrations.llamaindex.program import PCDPydanticProgram
+
+__all__ = ["PCDLLM"]
+
+# LlamaIndex roles as pcd chat turns: tool results and function outputs are read as user turns.
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "chatbot": "assistant"}
+
+
+class _ToolRequest:
+    """The tools of one ``chat_with_tools`` turn, and how the model may choose among them."""
+
+    def __init__(self, tools: list[Tool], choice: str, parallel: bool) -> None:
+        self.tools, self.choice, self.parallel = tools, choice, parallel
+
+
+def _turn_texts(messages: Sequence[LIChatMessage]) -> list[tuple[LIChatMessage, str]]:
+    """Each message with its text as the model reads it: tool calls and tool results are labelled (a result by
+    the name of the call it answers), so the model sees what was called and what came back."""
+    names: dict[str, str] = {}
+    out = []
+    for m in messages:
+        calls = [b for b in m.blocks if isinstance(b, ToolCallBlock)]
+        names.update({c.tool_call_id: c.tool_name for c in calls if c.tool_call_id})
+        text = m.content or ""
+        if str(m.role.value) in ("tool", "function"):
+            call_id = str(m.additional_kwargs.get("tool_call_id", ""))
+            name = names.get(call_id) or str(m.additional_kwargs.get("name") or call_id or "tool")
+            text = tool_result_text(name, text)
+        made = called_text([(c.tool_name, c.tool_kwargs if isinstance(c.tool_kwargs, dict) else {}) for c in calls])
+        out.append((m, "\n".join(t for t in (text, made) if t)))
+    return out
+
+
+class PCDLLM(CustomLLM, FunctionCallingLLM):
+    """A local LLM on pcd's engine: free text by greedy decoding, structured predictions and tool calls decided by
+    the engine.
+
+    It is a function-calling model: ``chat_with_tools``, ``predict_and_call`` and ``FunctionAgent`` get tool calls
+    from one scored decision over the tool names (plus answering directly when the choice is ``"auto"``), then the
+    chosen tool's arguments filled as its schema, so every call names a real tool with valid arguments. The
+    choice's probabilities are in the reply's ``additional_kwargs["pcd"]``.
+
+    Every argument is honoured or refused: a misspelt or unknown one is an :class:`~pcd_engine.OptionError`
+    (LlamaIndex LLMs otherwise drop unknown arguments silently); ``model_name`` is another name for ``model``.
+    """
+
+    model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
+    backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
+    max_tokens: int = Field(
+        default=256,
+        gt=0,
+        description="Upper bound on tokens for free-text replies; set explicitly, it also bounds each open field of "
+        "structured predictions (unset, those follow the engine's default of 64).",
+    )
+    temperature: float | None = Field(
+        default=None,
+        description="0 or None: greedy free text, the only kind pcd writes. Above 0, structured predictions and "
+        "tool choices report their probabilities at this temperature (decisions never change); free text refuses it.",
+    )
+    stop: list[str] | None = Field(default=None, description="Stop sequences for free text; a call's own stop wins.")
+    timeout: float | None = Field(
+        default=None, description="Seconds one call may take (pcd_engine.RequestTimeout when exceeded)."
+    )
+    options: dict[str, Any] | None = Field(
+        default=None, description="Extraction options (ExtractOptions names) for structured predictions and tools."
+    )
+    calibration: dict[str, Any] | None = Field(
+        default=None,
+        description="A calibration (a Calibrator, its JSON or the path of a pcd calibrate file; kept as JSON) for "
+        "structured predictions: each closed field's label prior is corrected.",
+    )
+    _engine: Engine | None = PrivateAttr(default=None)
+
+    def __init__(self, *, engine: Engine | None = None, **kwargs: Any) -> None:
+        super().__init__(**read_settings("PCDLLM", kwargs, type(self).model_fields, others="refuse"))
+        self._engine = engine
+        _ = self.extract_options  # a bad option fails here, as an OptionError
+
+    @property
+    def extract_options(self) -> ExtractOptions:
+        """``options`` over ``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens``, as
+        an :class:`~pcd_engine.ExtractOptions`."""
+        max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
+        return surface_options(
+            ("PCDLLM options", self.options), temperature=self.temperature, timeout=self.timeout,
+            max_tokens=max_tokens, calibration=self.calibration,
+        )  # fmt: skip
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "PCDLLM"
+
+    def get_engine(self) -> Engine:
+        """The engine, loaded on first use."""
+        if self._engine is None:
+            self._engine = shared_engine(self.model, self.backend)
+        return self._engine
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        engine = self._engine
+        window = engine.backend.max_context if engine is not None else 8192
+        return LLMMetadata(
+            context_window=window,
+            num_output=self.max_tokens,
+            is_chat_model=True,
+            is_function_calling_model=True,
+            model_name=self.model or DEFAULT_MODEL,
+        )
+
+    # ------------------------------------------------------------------------------------------ free text
+
+    def _free_text(self, turns: Sequence[ChatMessage], **kwargs: Any) -> Iterator[tuple[str, str]]:
+        """``(text so far, delta)`` of the greedy reply to ``turns``, written with the model's own chat template;
+        ``max_tokens`` and ``stop`` of the call win over the model's."""
+        refuse_sampling("PCDLLM", self.temperature)
+        limit = int(kwargs.get("max_tokens") or self.max_tokens)
+        stop = kwargs.get("stop") or self.stop or ()
+        text = ""
+        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop, time_limit_s=self.timeout):
+            if piece.text:
+                text += piece.text
+                yield text, piece.text
+
+    def _reply(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse | Iterator[ChatResponse]:
+        """The tool calls decided for ``messages`` (one response) when tools are bound and the model calls one;
+        otherwise the free-text reply, one response per token."""
+        tools: _ToolRequest | None = kwargs.pop("pcd_tools", None)
+        if tools is not None:
+            decided = self._tool_reply(messages, tools)
+            if decided is not None:
+                return decided
+        turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), text) for m, text in _turn_texts(messages)]
+
+        def gen() -> Iterator[ChatResponse]:
+            for text, delta in self._free_text(turns, **kwargs):
+                yield ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
+
+        return gen()
+
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse:
+        """Reply to ``messages``: roles reach the model through its chat template (system, user, assistant); with
+        tools bound (``chat_with_tools``) the reply may be tool calls instead."""
+        reply = self._reply(messages, **kwargs)
+        if isinstance(reply, ChatResponse):
+            return reply
+        text = ""
+        for response in reply:
+            text = response.message.content or ""
+        return ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text))
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponseGen:
+        """:meth:`chat`, one token at a time (tool calls come whole, in one response)."""
+        reply = self._reply(messages, **kwargs)
+        if not isinstance(reply, ChatResponse):
+            return reply
+
+        def whole() -> ChatResponseGen:
+            yield reply
+
+        return whole()
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        text = ""
+        for so_far, _delta in self._free_text([ChatMessage("user", prompt)], **kwargs):
+            text = so_far
+        return CompletionResponse(text=text)
+
+    @llm_completion_callback()
+    def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponseGen:
+        pieces = self._free_text([ChatMessage("user", prompt)], **kwargs)
+        return (CompletionResponse(text=text, delta=delta) for text, delta in pieces)
+
+    # ------------------------------------------------------------------------------------------ tools
+
+    def _prepare_chat_with_tools(
+        self,
+        tools: Sequence[BaseTool],
+        user_msg: str | LIChatMessage | None = None,
+        chat_history: list[LIChatMessage] | None = None,
+        verbose: bool = False,
+        allow_parallel_tool_calls: bool = False,
+        tool_required: bool = False,
+        tool_choice: str | dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
+        """The ``chat`` arguments of a tool-calling turn: the conversation, and the tools with the choice
+        (``tool_choice`` as in OpenAI: ``"auto"``, ``"required"``, ``"none"`` or a tool's name; ``tool_required``
+        means ``"required"``)."""
+        messages = list(chat_history or [])
+        if isinstance(user_msg, str):
+            messages.append(LIChatMessage(role=MessageRole.USER, content=user_msg))
+        elif user_msg is not None:
+            messages.append(user_msg)
+        given = [Tool(str(t.metadata.name), t.metadata.description, t.metadata.get_parameters_dict()) for t in tools]
+        choice = choice_of(
+            "required" if tool_required and tool_choice is None else tool_choice, [t.name for t in given]
+        )
+        return {"messages": messages, "pcd_tools": _ToolRequest(given, choice, allow_parallel_tool_calls), **kwargs}
+
+    def _tool_reply(self, messages: Sequence[LIChatMessage], tools: _ToolRequest) -> ChatResponse | None:
+        """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
+        document = document_text([text for _m, text in _turn_texts(messages)])
+        decision = decide_tools(
+            self.get_engine(), document, tools.tools, choice=tools.choice, parallel=tools.parallel,
+            options=self.extract_options,
+        )  # fmt: skip
+        if decision.answer:
+            return None
+        blocks = [ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in decision.calls]
+        evidence = decision.evidence()
+        message = LIChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
+        return ChatResponse(message=message, raw={"pcd": evidence}, additional_kwargs={"pcd": evidence})
+
+    def get_tool_calls_from_response(
+        self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any
+    ) -> list[ToolSelection]:
+        """The tool calls of a :meth:`chat_with_tools` reply.
+
+        Raises:
+            ValueError: If there are none and ``error_on_no_tool_call`` is set.
+        """
+        calls = [
+            ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=b.tool_kwargs)
+            for b in response.message.blocks
+            if isinstance(b, ToolCallBlock)
+        ]
+        if not calls and error_on_no_tool_call:
+            raise ValueError(f"PCDLLM: expected a tool call, but the model answered: {response.message.content!r}.")
+        return calls
+
+    # ------------------------------------------------------------------------------------------ structured
+
+    def _program(self, output_cls: type[BaseModel], prompt: BasePromptTemplate) -> PCDPydanticProgram:
+        return PCDPydanticProgram(output_cls, prompt, self.get_engine(), options=self.extract_options)
+
+    def structured_predict(  # type: ignore[override]
+        self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
+    ) -> BaseModel:
+        return self._program(output_cls, prompt)(llm_kwargs=llm_kwargs, **args)
+
+    async def astructured_predict(  # type: ignore[override]
+        self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
+    ) -> BaseModel:
+        return await self._program(output_cls, prompt).acall(llm_kwargs=llm_kwargs, **args)
+
+    def stream_structured_predict(  # type: ignore[override]
+        self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
+    ) -> Generator[BaseModel, None, None]:
+        return self._program(output_cls, prompt).stream_call(llm_kwargs=llm_kwargs, **args)
+
+    async def astream_structured_predict(  # type: ignore[override]
+        self, output_cls: type[BaseModel], prompt: PromptTemplate, llm_kwargs: dict[str, Any] | None = None, **args: Any
+    ) -> AsyncGenerator[BaseModel, None]:
+        return await self._program(output_cls, prompt).astream_call(llm_kwargs=llm_kwargs, **args)
