@@ -29,7 +29,7 @@ from pcd_engine.errors import (
 from pcd_engine.generate.free_text import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
 from pcd_engine.limits import RequestLimits
 from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL, default_model_path
-from pcd_engine.options import ExtractOptions, PromptFormat
+from pcd_engine.options import ExtractOptions, PromptFormat, surface_options
 from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
 from pcd_engine.run.collector import Collector
 from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
@@ -81,6 +81,7 @@ __all__ = [
     "load_preset",
     "stream_chat",
     "stream_text",
+    "surface_options",
     "tag_corpus",
 ]
 

@@ -48,10 +48,11 @@ EXPECTED_ENGINE = [
     "load_preset",
     "stream_chat",
     "stream_text",
+    "surface_options",
     "tag_corpus",
 ]
 """What the README documents, sorted, each name once. The strategies are not here (options take their names), nor
-the benchmark comparators (``pcd_engine.tools.baseline``)."""
+the benchmark comparators (``pcd_engine.tools.comparators``)."""
 
 
 def test_engine_all():
