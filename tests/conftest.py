@@ -132,9 +132,9 @@ def fake_hub(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 SHARED_GROUPS = {
-    "tests/test_batch.py": "smollm2-alone",
-    "tests/test_ray.py": "smollm2-alone",
-    "tests/test_backend_agreement.py": "smollm2-alone",
+    "tests/run/test_batch.py": "smollm2-alone",
+    "tests/integrations/test_ray.py": "smollm2-alone",
+    "tests/backends/test_backend_agreement.py": "smollm2-alone",
 }
 """Files that run in one worker because they compare with the same session memo, :func:`smol_alone`'s
 one-at-a-time extractions on the embedded model, which one worker then computes once: test_batch and test_ray check
@@ -142,20 +142,20 @@ the batched BBC News leads against it, test_batch and test_backend_agreement the
 
 LONGEST_FIRST = [
     "smollm2-alone",
-    "tests/test_conformance_mlx.py",
+    "tests/backends/test_conformance_mlx.py",
     "tests/test_real_model.py",
     "notebook-04_trust_the_answer.ipynb",
-    "tests/test_langchain.py",
-    "tests/test_conformance_torch.py",
-    "tests/test_staging.py",
+    "tests/integrations/test_langchain.py",
+    "tests/backends/test_conformance_torch.py",
+    "tests/decide/test_staging.py",
     "notebook-05_speed.ipynb",
     "tests/test_packaging.py",
-    "tests/test_gguf.py",
-    "tests/test_cli.py",
+    "tests/models/test_gguf.py",
+    "tests/tools/test_cli.py",
     "notebook-06_corpus_tagging.ipynb",
-    "tests/test_testing.py",
-    "tests/test_server.py",
-    "tests/test_tag.py",
+    "tests/backends/test_testing.py",
+    "tests/tools/test_server.py",
+    "tests/tools/test_tag.py",
     "notebook-03_llamaindex_rag_tagging.ipynb",
 ]
 """The groups that take longest (measured in ``.cache/junit.xml``), longest first: the workers take the next group

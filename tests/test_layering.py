@@ -270,3 +270,11 @@ def test_the_length_check_can_fail(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n" + "    x = 1\n" * 90 + "\n" * 420)
     assert long_parts(probe) == ["511 lines", "f: 91 lines"]
+
+
+def test_the_tests_mirror_the_tree():
+    """Each folder of tests is named for the layer (sub-package of pcd_engine) it tests, or the integrations."""
+    tests = Path(__file__).resolve().parent
+    folders = {p.name for p in tests.iterdir() if (p / "__init__.py").exists()}
+    layers = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()}
+    assert folders and folders <= layers | {"integrations"}, sorted(folders - layers)

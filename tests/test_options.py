@@ -17,9 +17,9 @@ from pydantic import BaseModel
 from pcd_engine import Engine, ExtractOptions, OptionError, PromptFormat, compile_schema
 from pcd_engine.decide.compiler import written_value
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, field_line
+from tests.decide.test_decoding_oracle import PRESET, TEXT
 from tests.support import OracleBackend, OracleLM, enumerate_paths
 from tests.support import oracle_brute_force as brute_force
-from tests.test_decoding_oracle import PRESET, TEXT
 
 CHOSEN = {"anchor": False, "temperature": 2.0, "instructions": "Label the ticket; be literal."}
 

@@ -39,7 +39,7 @@ TICKET = {
     "additionalProperties": False,
 }
 TEXT = "I was charged twice for order 5521. Refund the second charge today or I go to my bank."
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pcd_engine.tools.cli import main
 from pcd_engine.tools.tag_table import row_values
 from pcd_integrations.ray import tag_dataset
 from tests.support import BBC_SCHEMA
-from tests.test_tag import OPTIONS, SCHEMA, assert_rows_match, texts, write_jsonl
+from tests.tools.test_tag import OPTIONS, SCHEMA, assert_rows_match, texts, write_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -7,10 +7,10 @@ integers and multi-label fields; every strategy, anchor on and off; tiny random 
 sliding window much shorter than the prompt). The brute force never sees the trie, the packing or the cache: it
 tokenizes each complete prompt + JSON line as one text and scores it with ONE plain causal forward pass
 (:meth:`~pcd_engine.backends.contract.Backend.sequence_logprobs`), then applies each strategy's definition by
-enumeration (:func:`tests.test_decoding_oracle.brute_force`).
+enumeration (:func:`tests.decide.test_decoding_oracle.brute_force`).
 
 The run is seeded (``derandomize``) and sized to under a minute here (20 schemas); a longer run is
-``PCD_PROPERTY_EXAMPLES=500 .venv/bin/python -m pytest tests/test_property.py``.
+``PCD_PROPERTY_EXAMPLES=500 .venv/bin/python -m pytest tests/decide/test_property.py``.
 """
 
 from __future__ import annotations

@@ -314,7 +314,7 @@ def test_a_correction_reaches_the_extractor_s_batches(tiny_engine):
 
 
 def test_a_calibration_reaches_the_llm_and_the_extractor(tiny_engine, tmp_path):
-    from tests.test_langchain import leaning_against
+    from tests.integrations.test_langchain import leaning_against
 
     cal = leaning_against(tiny_engine, SPORT_TEXT, Tags, "tone")
     path = cal.save(tmp_path / "cal.json")

@@ -13,8 +13,8 @@ from pcd_engine import Engine, compile_schema
 from pcd_engine.calibrate.calibrator import Calibrator
 from pcd_engine.calibrate.correction import CONTENT_FREE_TEXTS, MIN_BATCH, field_rows
 from pcd_engine.errors import ContextError, OptionError
+from tests.calibrate.test_calibration import SCHEMA  # closed fields of every kind, one-label, and an open one
 from tests.support import OracleBackend, OracleLM
-from tests.test_calibration import SCHEMA  # closed fields of every kind, one-label, and an open one
 
 CLOSED = ("urgent", "deadline", "carrier", "tags")
 WORDS = "parcel late broken refund invoice courier damaged tonight charge twice angry box label week".split()

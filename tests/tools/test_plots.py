@@ -12,7 +12,7 @@ pytest.importorskip("matplotlib", reason="pip install 'pcd-llm[bench]'")
 
 from pcd_engine.tools.plots import bench_figure, eval_figure, plot_bench  # noqa: E402
 
-ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
 
 def bench_row(preset: str, pcd_ms: float, ar_ms: float, *, valid: bool) -> SimpleNamespace:
