@@ -1,4 +1,4 @@
-"""The code style tools configured in pyproject.toml pass: ruff on everything, mypy on the engine."""
+"""The style tools configured in pyproject.toml pass: ruff on everything, mypy on the engine and the integrations."""
 
 import subprocess
 import sys

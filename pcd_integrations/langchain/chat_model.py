@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LanguageModelInput
@@ -12,6 +12,7 @@ from langchain_core.language_models.base import LangSmithParams
 from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.language_models.model_profile import ModelProfile
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.messages.tool import tool_call
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
@@ -46,6 +47,11 @@ from pcd_integrations.langchain.messages import (
 )
 
 __all__ = ["ChatPCD"]
+
+
+def _usage_metadata(prompt_tokens: int, completion_tokens: int) -> UsageMetadata:
+    """:class:`~pcd_engine.result.TokenUsage` in LangChain's ``usage_metadata`` shape."""
+    return cast("UsageMetadata", TokenUsage(prompt_tokens, completion_tokens).input_output())
 
 
 class ChatPCD(BaseChatModel):
@@ -259,7 +265,7 @@ class ChatPCD(BaseChatModel):
                     run_manager.on_llm_new_token(piece.text, chunk=chunk)
                 yield chunk
             else:
-                usage = TokenUsage(piece.prompt_tokens, piece.completion_tokens).input_output()
+                usage = _usage_metadata(piece.prompt_tokens, piece.completion_tokens)
                 meta = {"finish_reason": piece.finish_reason, "model_name": self.model_name, "model_provider": "pcd"}
                 yield ChatGenerationChunk(
                     message=AIMessageChunk(
@@ -319,7 +325,7 @@ class ChatPCD(BaseChatModel):
         message = AIMessage(
             content=json.dumps(values, ensure_ascii=False),
             response_metadata={"model_name": self.model_name, "model_provider": "pcd", "pcd": result.evidence()},
-            usage_metadata=TokenUsage(result.stats.prompt_tokens, result.stats.generated_tokens).input_output(),  # type: ignore[arg-type]
+            usage_metadata=_usage_metadata(result.stats.prompt_tokens, result.stats.generated_tokens),
         )
         return ChatResult(generations=[ChatGeneration(message=message)])
 
@@ -330,7 +336,7 @@ class ChatPCD(BaseChatModel):
         *,
         return_exceptions: bool = False,
         **kwargs: Any,
-    ) -> list[BaseMessage]:
+    ) -> list[AIMessage]:
         """A structured batch is decided in ONE engine call, with the Runnable semantics of any batch: each input
         runs with its own config (callbacks, tags, metadata), the engine call happens inside the runs (so traced
         durations are real), and an input the engine cannot read fails alone (``return_exceptions`` returns its
@@ -349,7 +355,7 @@ class ChatPCD(BaseChatModel):
         *,
         return_exceptions: bool = False,
         **kwargs: Any,
-    ) -> list[BaseMessage]:
+    ) -> list[AIMessage]:
         """As :meth:`batch`, in a worker thread so the event loop stays free."""
         from langchain_core.runnables.config import run_in_executor
 
@@ -445,5 +451,5 @@ class ChatPCD(BaseChatModel):
         fallback = RunnablePassthrough.assign(parsed=lambda _: None)
         # ``llm | wrap`` rather than ``RunnableMap(raw=llm)``: a sequence batches step by step, so a batch still
         # reaches the chat model as one batch (one engine call); a map would invoke it once per input.
-        raw = RunnableLambda(lambda message: {"raw": message}, name="PCDRaw")
+        raw: Runnable[Any, dict[str, Any]] = RunnableLambda(lambda message: {"raw": message}, name="PCDRaw")
         return llm | raw | parsed.with_fallbacks([fallback], exception_key="parsing_error")

@@ -60,7 +60,7 @@ class PCDMetadataExtractor(BaseExtractor):
     ) -> None:
         if "calibration" in kwargs:
             kwargs["calibration"] = calibration_json(kwargs["calibration"], owner="PCDMetadataExtractor")
-        super().__init__(output_cls=output_cls, **kwargs)
+        super().__init__(output_cls=output_cls, **kwargs)  # type: ignore[call-arg]  # a pydantic field
         if llm is not None and (engine is not None or self.model is not None):
             raise OptionError("PCDMetadataExtractor: expected one of engine, llm or model, but got several.")
         source = None if engine is not None or self.model is not None else pcd_llm("PCDMetadataExtractor", llm)

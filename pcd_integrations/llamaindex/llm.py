@@ -5,6 +5,7 @@ calls decided by the engine, structured predictions through the Pydantic program
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
 from typing import Any
 
@@ -64,6 +65,14 @@ def _turn_texts(messages: Sequence[LIChatMessage]) -> list[tuple[LIChatMessage, 
         made = called_text([(c.tool_name, c.tool_kwargs if isinstance(c.tool_kwargs, dict) else {}) for c in calls])
         out.append((m, "\n".join(t for t in (text, made) if t)))
     return out
+
+
+def _arguments(kwargs: dict[str, Any] | str) -> dict[str, Any]:
+    """A tool call block's arguments as a dict (a block may carry them as their JSON text)."""
+    if isinstance(kwargs, dict):
+        return kwargs
+    parsed = json.loads(kwargs or "{}")
+    return parsed if isinstance(parsed, dict) else {}
 
 
 class PCDLLM(CustomLLM, FunctionCallingLLM):
@@ -157,7 +166,7 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
                 text += piece.text
                 yield text, piece.text
 
-    def _reply(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse | Iterator[ChatResponse]:
+    def _reply(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponse | ChatResponseGen:
         """The tool calls decided for ``messages`` (one response) when tools are bound and the model calls one;
         otherwise the free-text reply, one response per token."""
         tools: _ToolRequest | None = kwargs.pop("pcd_tools", None)
@@ -167,7 +176,7 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
                 return decided
         turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), text) for m, text in _turn_texts(messages)]
 
-        def gen() -> Iterator[ChatResponse]:
+        def gen() -> ChatResponseGen:
             for text, delta in self._free_text(turns, **kwargs):
                 yield ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
 
@@ -259,7 +268,7 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
             ValueError: If there are none and ``error_on_no_tool_call`` is set.
         """
         calls = [
-            ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=b.tool_kwargs)
+            ToolSelection(tool_id=b.tool_call_id or "", tool_name=b.tool_name, tool_kwargs=_arguments(b.tool_kwargs))
             for b in response.message.blocks
             if isinstance(b, ToolCallBlock)
         ]
