@@ -17,7 +17,7 @@ from typing import Any, Literal, TypeVar
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from pcd_engine.errors import OptionError, SchemaError
+from pcd_engine.errors import OptionError, SchemaError, check_count
 from pcd_engine.generate.free_text import ChatMessage, TextChunk, document_text, json_chat, stream_chat
 from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.schema import compile_schema
@@ -356,9 +356,16 @@ def token_limit(value: int | None, server: Server, *, param: str) -> int:
     Raises:
         HTTPError: 400 when it is not positive.
     """
-    if value is not None and value < 1:
-        raise HTTPError(400, "invalid_request", f"{param}: expected a positive integer.", param=param)
+    _check_limit(value, param)
     return min(value or server.max_new_tokens, server.max_new_tokens)
+
+
+def _check_limit(value: int | None, param: str) -> None:
+    """A token limit as the request names it: ``None`` or an integer >= 1 (:func:`check_count`), else a 400."""
+    try:
+        check_count(value, param)
+    except OptionError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param=param) from None
 
 
 def extract_options(server: Server, pcd: Any, temperature: Any, limit: int | None, *, param: str) -> ExtractOptions:
@@ -368,12 +375,10 @@ def extract_options(server: Server, pcd: Any, temperature: Any, limit: int | Non
         HTTPError: 400 for a bad option or limit.
     """
     options = server.client_options(pcd, where="pcd")
-    number = isinstance(temperature, (int, float)) and not isinstance(temperature, bool)
-    try:
-        settings = surface_options(temperature=temperature if number else None, max_tokens=limit)
-    except OptionError as exc:
-        raise HTTPError(400, "invalid_request", f"{param}: {exc}", param=param) from None
-    return settings.over(options)
+    _check_limit(limit, param)
+    # OpenAI's temperature reshapes the probabilities when positive; otherwise the engine's (as documented)
+    positive = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
+    return surface_options(temperature=temperature if positive else None, max_tokens=limit).over(options)
 
 
 def stops(raw: str | Sequence[str] | None) -> list[str]:
