@@ -11,6 +11,7 @@ line) is imported on first use.
 from typing import Any
 
 from pcd_engine.calibrate.calibrator import Calibrator
+from pcd_engine.calibrate.shares import LabelShares, label_shares
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
     BackendUnavailableError,
@@ -57,6 +58,7 @@ __all__ = [
     "InputError",
     "JsonReply",
     "Label",
+    "LabelShares",
     "LimitError",
     "ModelLoadError",
     "OptionError",
@@ -78,6 +80,7 @@ __all__ = [
     "decide_tools",
     "default_model_path",
     "json_chat",
+    "label_shares",
     "load_preset",
     "stream_chat",
     "stream_text",

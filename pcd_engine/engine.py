@@ -40,7 +40,7 @@ from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, chec
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.result import ExtractionResult, FieldResult
 from pcd_engine.run.admission import check_text
-from pcd_engine.run.batch import Document, read_batch, run_batch
+from pcd_engine.run.batch import Document, open_lean, read_batch, run_batch
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.collector import Collector
 from pcd_engine.run.compile_cache import CompileCache, Head
@@ -250,7 +250,8 @@ class Engine:
         started, passes_before = time.perf_counter(), self.backend.thread_passes
         compiled = compile_schema(schema)
         call = self.resolve(options, **knobs)
-        request = Request.open(self, compiled, call, check_text(text), cancelled=cancelled)
+        request = Request.open(self, compiled, call, check_text(text), cancelled=cancelled,
+                               lean=lambda: open_lean(self, compiled, call))  # fmt: skip
         for index in range(len(request.waves)):
             request.decide_wave(index)
         request.generate()
@@ -310,7 +311,7 @@ class Engine:
         documents = [Document(t, compiled, call, cancelled, f"texts[{i}]") for i, t in enumerate(texts)]
         out: list[Any] = []
         window = 4 * size
-        if call.correction in ("batch", "auto") and call.calibration is None:
+        if call.corrector.estimates_on_batch and call.calibration is None:
             # Each window is one batch for the lean: as large as allowed, and cut evenly (65 documents are two
             # batches of 33 and 32, not 64 and 1).
             widest = max(window, CORRECTION_WINDOW)

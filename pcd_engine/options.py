@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from pcd_engine.calibrate.correction import CORRECTIONS as _CORRECTIONS
+from pcd_engine.calibrate.correction import Correction, NoCorrection, correction_named
 from pcd_engine.errors import InputError, OptionError, check_count
 from pcd_engine.limits import RequestLimits
 
@@ -35,8 +37,9 @@ __all__ = [
 STRATEGIES = ("marginal", "exact", "trie_walk")
 # How a wave's tree is read (see pcd_engine.decide.staging): the cost model's choice, always whole, or always staged.
 STAGINGS = ("auto", "one_pass", "staged")
-# How a call corrects the model's label lean without a fitted calibration (see pcd_engine.calibrate.correction).
-CORRECTIONS = ("none", "batch", "content_free", "auto")
+# How a call corrects the model's label lean without a fitted calibration: the names of
+# pcd_engine.calibrate.correction's objects, which own what each one means.
+CORRECTIONS = tuple(_CORRECTIONS)
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
 # labels, the trie walk above); "first_token" was the marginal of the first token where labels differ; "trie" and
 # "greedy" walked the trie greedily. "hybrid" has no counterpart and is refused with the nearest real name.
@@ -107,16 +110,13 @@ class ExtractOptions:
             Optional field answers ``None`` instead of its best label (whose probability stays in
             ``alternatives``). A non-Optional field keeps its best label, flagged. Later waves were decided
             with the best label written, as without the option.
-        correction: How the model's label lean is divided out when no ``calibration`` is given (one of
-            :data:`CORRECTIONS`; see :mod:`pcd_engine.calibrate.correction`): ``"batch"`` estimates it on the documents
-            decided together (``extract_many``, a collected batch), ``"content_free"`` on content-free inputs read
-            once per schema, ``"auto"`` (the engine's default) is ``"batch"`` where at least
-            :data:`~pcd_engine.calibrate.correction.MIN_BATCH` documents are decided together and ``"content_free"``
-            elsewhere, ``"none"`` keeps the model's own distributions. A ``calibration`` wins over it.
-            ``"batch"`` and ``"content_free"`` read every field whole, like a calibration, so every field is
-            corrected; ``"auto"`` keeps the call's own reading and corrects the fields it reads whole (the
-            marginal ones: up to ``marginal_max_labels`` labels by default, and multi-label flags), leaving
-            large label sets to their cost-planned reading.
+        correction: How the model's label lean is divided out when no ``calibration`` is given: the name of one
+            of :data:`CORRECTIONS` (each is an object of :mod:`pcd_engine.calibrate.correction`, which says what it
+            reads and where its lean comes from). ``"auto"`` (the engine's default) divides out the lean read on
+            content-free inputs from the single-choice fields a plain call reads whole, so an answer never depends
+            on the other documents of a call; ``"content_free"`` does so for every closed field, read whole;
+            ``"batch"`` estimates the lean on the documents one caller decides together, assuming their labels
+            are about equally common; ``"none"`` keeps the model's own distributions. A ``calibration`` wins.
 
     Raises:
         OptionError: On construction, if a value has the wrong type or is out of range.
@@ -148,8 +148,8 @@ class ExtractOptions:
             raise OptionError(f"temperature: expected a finite number, but got {t!r}.")
         if self.staging is not None and self.staging not in STAGINGS:
             raise OptionError(f"staging: expected one of {list(STAGINGS)}, but got {self.staging!r}.")
-        if self.correction is not None and self.correction not in CORRECTIONS:
-            raise OptionError(f"correction: expected one of {list(CORRECTIONS)}, but got {self.correction!r}.")
+        if self.correction is not None:
+            correction_named(self.correction)  # refuses an unknown name
         for name in ("anchor", "list_choices", "quoted_booleans"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -184,16 +184,25 @@ class ExtractOptions:
                 )
 
     @property
+    def corrector(self) -> Correction:
+        """The :class:`~pcd_engine.calibrate.correction.Correction` named by ``correction`` (``None``: none)."""
+        return correction_named(self.correction)
+
+    @property
     def corrects(self) -> bool:
-        """Whether the call divides a lean out of its distributions: a calibration, or a correction other than
+        """Whether the call may divide a lean out of its distributions: a calibration, or any correction but
         ``"none"``."""
-        return self.calibration is not None or self.correction not in (None, "none")
+        return self.calibration is not None or not isinstance(self.corrector, NoCorrection)
 
     @property
     def reads_whole(self) -> bool:
         """Whether the call reads every closed field whole (:meth:`read_whole`): with a calibration, or with a
-        correction asked for by name (``"batch"``, ``"content_free"``). ``"auto"`` keeps the call's reading."""
-        return self.calibration is not None or self.correction in ("batch", "content_free")
+        correction that does (:attr:`~pcd_engine.calibrate.correction.Correction.reads_whole`)."""
+        return self.calibration is not None or self.corrector.reads_whole
+
+    def uncorrected(self) -> ExtractOptions:
+        """These options deciding with the model's own distributions: no calibration, no correction."""
+        return replace(self, calibration=None, correction=NoCorrection.name)
 
     def read_whole(self) -> ExtractOptions:
         """These options with every closed field read whole (``staging="one_pass"``, the trie walk as
@@ -290,8 +299,8 @@ class EngineOptions:
             backend does not batch documents).
             The memory budget and the documents' lengths may split a batch further.
         correction: The default correction of the model's label lean (see :class:`ExtractOptions`):
-            ``"auto"``, chosen from ``benchmarks/bench_corrections.py``'s table; ``"none"`` decides with the
-            model's own distributions.
+            ``"auto"``, the content-free lean (chosen from ``benchmarks/bench_corrections.py``'s table); ``"none"``
+            decides with the model's own distributions.
     """
 
     anchor: bool = True
@@ -314,8 +323,7 @@ class EngineOptions:
 
     def __post_init__(self) -> None:
         check_batch_size(self.batch_size)
-        if self.correction not in CORRECTIONS:
-            raise OptionError(f"correction: expected one of {list(CORRECTIONS)}, but got {self.correction!r}.")
+        correction_named(self.correction)  # refuses an unknown name
         check_count(self.max_tokens, "max_tokens", optional=False)
         check_count(self.head_cache_size, "head_cache_size", optional=False)
         if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:

@@ -87,6 +87,8 @@ class FieldResult:
             model's own distribution decided it. With one, ``raw_probability`` is the model's own figure.
         lean: With a correction, the lean divided out: the prior ``b`` over the labels in label order (for a
             multi-label field, each label's prior of "yes"); ``None`` otherwise.
+        raw_distribution: With a correction of a single-label field, the model's own distribution over the
+            labels before it, in label order (from the same pass); ``None`` otherwise.
     """
 
     name: str
@@ -107,6 +109,7 @@ class FieldResult:
     abstained: bool = False
     correction: str | None = None
     lean: tuple[float, ...] | None = None
+    raw_distribution: tuple[float, ...] | None = None
 
     def runners_up(self, n: int = 2) -> tuple[Alternative, ...]:
         """The ``n`` most probable alternatives that are not the answer, best first: for a multi-label field the
@@ -451,4 +454,5 @@ def scored_result(
         label_distribution=tuple(probs) if len(probs) > 1 else None,
         correction=correction if corrected else None,
         lean=prior.bias if prior is not None and corrected else None,
+        raw_distribution=tuple(decision.probabilities) if corrected else None,
     )

@@ -20,14 +20,23 @@ import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import FieldSpec, Schema
 
-__all__ = ["CALIBRATION_METHODS", "FIT_CHUNK", "Calibrator", "FieldPrior", "em_bias", "mean_prior", "reweight"]
+__all__ = [
+    "CALIBRATION_METHODS",
+    "FIT_CHUNK",
+    "Calibrator",
+    "FieldPrior",
+    "em_bias",
+    "mean_prior",
+    "result_rows",
+    "reweight",
+]
 
 CALIBRATION_METHODS = ("mean", "em")
 """``"mean"``: ``b`` is the mean predicted distribution. ``"em"``: ``b`` is the prior whose correction makes the
@@ -329,7 +338,7 @@ class Calibrator:
         if call.calibration is not None:
             raise OptionError("Calibration: expected options without a calibration to fit a new one on.")
         # every label's probability, as the calibrated calls will read them, and the model's own (no correction)
-        call = replace(call, correction="none").read_whole()
+        call = call.uncorrected().read_whole()
         compiled = compile_schema(schema)
         closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
         priors = _example_priors(closed, examples)
@@ -340,18 +349,10 @@ class Calibrator:
             if progress:
                 progress(f"documents {first + 1}-{first + len(chunk)}/{len(texts)}")
             results += engine.read_closed(chunk, compiled, call, batch_size=batch_size)
-        distributions: dict[str, list[list[float]]] = {s.name: [] for s in closed}
-        for result in results:
-            for spec in closed:
-                got = result[spec.name]
-                if spec.kind == "multi":
-                    yes = got.label_probabilities or {}
-                    distributions[spec.name].append([yes[label.value] for label in spec.labels])
-                else:
-                    distributions[spec.name].append(list(got.label_distribution or ()))
         return cls.from_distributions(
-            compiled, distributions, model=engine.model_id, method=method, priors=priors, examples=len(examples)
-        )
+            compiled, result_rows(closed, results), model=engine.model_id, method=method, priors=priors,
+            examples=len(examples),
+        )  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ use
 
@@ -445,6 +446,22 @@ class Calibrator:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"Calibration {str(path)!r}: expected a JSON file, but reading failed ({exc}).") from None
         return cls.from_json(data, where=f"Calibration {str(path)!r}")
+
+
+def result_rows(closed: Sequence[FieldSpec], results: Sequence[Mapping[str, Any]]) -> dict[str, list[list[float]]]:
+    """Each closed field's row per document from decided results (field name to a
+    :class:`~pcd_engine.result.FieldResult` per document): its label distribution, or each label's probability of
+    "yes" for a multi-label field. What a calibration or a lean is estimated from."""
+    rows: dict[str, list[list[float]]] = {s.name: [] for s in closed}
+    for result in results:
+        for spec in closed:
+            got = result[spec.name]
+            if spec.kind == "multi":
+                yes = got.label_probabilities or {}
+                rows[spec.name].append([yes[label.value] for label in spec.labels])
+            else:
+                rows[spec.name].append(list(got.label_distribution or ()))
+    return rows
 
 
 def _closed_field(schema: Schema, name: str) -> FieldSpec:

@@ -23,13 +23,20 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
 
-from pcd_engine.calibrate.calibrator import FieldPrior
-from pcd_engine.calibrate.correction import MIN_BATCH, batch_priors, field_rows
+from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior, result_rows
+from pcd_engine.calibrate.correction import (
+    CONTENT_FREE_TEXTS,
+    MIN_BATCH,
+    Lean,
+    batch_priors,
+    content_free_fit,
+    field_rows,
+)
 from pcd_engine.decide.decoding import Decision
 from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.generate.open_rows import OpenRows
@@ -48,6 +55,7 @@ __all__ = [
     "groups",
     "lean_key",
     "open_batch",
+    "open_lean",
     "read_batch",
     "row_groups",
     "run_batch",
@@ -160,15 +168,15 @@ class Batch:
                     self.requests[key].record_wave(index, plans[key].asked, decisions, leans=leans.get(key))
 
     def leans(self, plans: dict[int, WavePlan], decided: dict[int, list[Decision]]) -> dict[int, dict[str, FieldPrior]]:
-        """Under the ``"batch"`` (or ``"auto"``) correction, each request's leans for this wave: estimated on every
-        live request that reads the same wave of the same schema in the same way
-        (:func:`~pcd_engine.calibrate.correction.batch_priors`), when there are at least
+        """Under a correction that estimates its lean on the batch, each request's leans for this wave: estimated on
+        every live request of the same group (one caller's documents) that reads the same wave of the same schema
+        in the same way (:func:`~pcd_engine.calibrate.correction.batch_priors`), when there are at least
         :data:`~pcd_engine.calibrate.correction.MIN_BATCH` of them."""
         together: dict[tuple[object, ...], list[int]] = {}
         for key in decided:
             request = self.requests.get(key)
-            if request is not None and request.correction in ("batch", "auto"):
-                same = (*lean_key(request.schema, request.call), request.batched, plans[key].index)
+            if request is not None and request.call.calibration is None and request.call.corrector.estimates_on_batch:
+                same = (*lean_key(request.schema, request.call, request.group), plans[key].index)
                 together.setdefault(same, []).append(key)
         out: dict[int, dict[str, FieldPrior]] = {}
         for keys in together.values():
@@ -314,11 +322,11 @@ def _rows_fit(group: Sequence[tuple[int, Request, OpenRows]]) -> bool:
     return need <= min(r.budget.bytes for _, r, _ in group)
 
 
-def lean_key(schema: Schema, call: ExtractOptions) -> tuple[object, ...]:
-    """What documents must share for one batch lean to be estimated on them: the schema, the prompt format, the
-    reading options and the correction."""
-    return (schema.fingerprint, call.prompt_format.key, call.temperature, call.strategy, call.anchor, call.staging,
-            call.correction)  # fmt: skip
+def lean_key(schema: Schema, call: ExtractOptions, group: object = None) -> tuple[object, ...]:
+    """What documents must share for one batch lean to be estimated on them: the caller's group, the schema, the
+    prompt format, the reading options and the correction."""
+    return (id(group) if group is not None else None, schema.fingerprint, call.prompt_format.key, call.temperature,
+            call.strategy, call.anchor, call.staging, call.correction)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -331,6 +339,9 @@ class Document:
         call: The resolved options.
         cancelled: Checked before every pass; once it returns True the request stops.
         where: How errors name the text (``"texts[3]"``).
+        group: Whose document it is: a batch correction pools only documents of one group (``None``: the
+            documents of one call, such as :meth:`~pcd_engine.engine.Engine.extract_many`'s; the collector gives
+            each caller's request its own).
     """
 
     text: str
@@ -338,6 +349,7 @@ class Document:
     call: ExtractOptions
     cancelled: Callable[[], bool] | None = None
     where: str = "text"
+    group: object = None
 
 
 def run_batch(
@@ -368,21 +380,64 @@ def read_batch(
 def open_batch(
     engine: Host, documents: Sequence[Document], *, max_documents: int, started: float | None = None
 ) -> Batch:
-    """Open each document's request into one :class:`Batch` (a failure to open is that document's exception).
-    Documents with at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` others of the same schema and options are
-    opened as batched (:attr:`~pcd_engine.run.request.Request.batched`)."""
+    """Open each document's request into one :class:`Batch`, with the lean its call opens with
+    (:func:`open_lean`, read once per schema and options); a failure to open is that document's exception."""
     batch = Batch({}, max_documents=max_documents, started=started or time.perf_counter())
-    together: dict[tuple[object, ...], int] = {}
-    for doc in documents:
-        together[lean_key(doc.schema, doc.call)] = together.get(lean_key(doc.schema, doc.call), 0) + 1
+    leans: dict[tuple[object, ...], Lean] = {}
+
+    def lean_of(doc: Document) -> Callable[[], Lean]:
+        same = (doc.schema.fingerprint, id(doc.call))  # one call's documents share its options object
+
+        def opened() -> Lean:
+            if same in leans:
+                return leans[same]
+            lean = open_lean(engine, doc.schema, doc.call)
+            leans[same] = Lean(lean.source, lean.priors)  # read once: the next documents spend nothing on it
+            return lean
+
+        return opened
+
     for key, doc in enumerate(documents):
-        batched = together[lean_key(doc.schema, doc.call)] >= MIN_BATCH
         try:
             text = check_text(doc.text, where=doc.where)
-            request = Request.open(engine, doc.schema, doc.call, text, cancelled=doc.cancelled, batched=batched)
+            request = Request.open(engine, doc.schema, doc.call, text, cancelled=doc.cancelled, lean=lean_of(doc),
+                                   group=doc.group)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - this document's result
             batch.failed[key] = exc
             continue
         request.passes = request.prefill_passes + request.correction_passes
         batch.requests[key] = request
     return batch
+
+
+def open_lean(host: Host, schema: Schema, call: ExtractOptions) -> Lean:
+    """The lean a request of ``schema`` under ``call`` opens with: the call's calibration; else the content-free
+    lean when the call's correction reads one
+    (:meth:`~pcd_engine.calibrate.correction.Correction.reads_content_free`), read once per schema, prompt
+    format and reading (:data:`~pcd_engine.calibrate.correction.CONTENT_FREE_TEXTS` decided uncorrected in one
+    batch, nothing generated) and kept in the host's compile cache; else none (a batch correction's leans come
+    with each wave)."""
+    if call.calibration is not None:
+        return Lean("calibration", call.calibration)
+    corrector = call.corrector
+    if not corrector.reads_content_free(
+        schema, strategy=call.strategy, marginal_max_labels=host.options.marginal_max_labels
+    ):
+        return Lean()
+    strategy = corrector.content_free_strategy(call.strategy)
+    plain = replace(call.uncorrected(), min_probability=None, strategy=strategy).read_whole()
+    key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
+    closed = [s for s in schema.fields if s.scored and len(s.labels) > 1]
+
+    def read() -> Calibrator:
+        documents = [Document(t, schema, plain, where=f"content-free input {t!r}") for t in CONTENT_FREE_TEXTS]
+        results = []
+        for done in read_batch(host, documents, max_documents=host.batch_size()):
+            if isinstance(done, Exception):
+                raise done
+            results.append(done)
+        return content_free_fit(schema, result_rows(closed, results), model=host.model_id)
+
+    before, tick = host.backend.thread_passes, time.perf_counter()
+    lean: Calibrator = host.cache.leans.get_or_build(key, read)
+    return Lean("content_free", lean, host.backend.thread_passes - before, (time.perf_counter() - tick) * 1000)

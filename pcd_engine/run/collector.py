@@ -78,7 +78,10 @@ class Collector:
             SchemaError: If the schema has a field pcd cannot decide (at once, in the caller's thread).
             OptionError: If an option is unknown or out of range (at once).
         """
-        document = Document(text, compile_schema(schema), self.engine.resolve(options, **knobs), cancelled)
+        # Each caller's request is its own group: a correction that estimates its lean on a batch never pools the
+        # documents of different callers, so an answer never depends on what others sent at the same moment.
+        call = self.engine.resolve(options, **knobs)
+        document = Document(text, compile_schema(schema), call, cancelled, group=object())
         job = _Job(document, Future())
         self._start()
         self._jobs.put(job)

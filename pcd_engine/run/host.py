@@ -8,7 +8,7 @@ up; any object with these attributes can host a request (the engine is the only 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
@@ -16,7 +16,6 @@ from pcd_engine.decide.staging import PassCost
 from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat
 from pcd_engine.prompt.chat_prompt import TokenizerView
-from pcd_engine.result import FieldResult
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.compile_cache import CompileCache, Head
 from pcd_engine.schema import Schema
@@ -69,14 +68,3 @@ class Host(Protocol):
 
     def resolve(self, options: ExtractOptions | Mapping[str, Any] | None = None, **knobs: Any) -> ExtractOptions:
         """The options a call runs with, over the engine's defaults."""
-
-    def read_closed(
-        self,
-        texts: Iterable[str],
-        schema: Any,
-        options: ExtractOptions | Mapping[str, Any] | None = None,
-        *,
-        batch_size: int | None = None,
-        **knobs: Any,
-    ) -> list[dict[str, FieldResult]]:
-        """Decide only the closed fields of many texts."""

@@ -1,19 +1,15 @@
 """Opening a request, before its first wave: the checks and the tokenization that come before any model work
-(:func:`admit`), the schema head's prefill when it is not cached (:func:`prefill`), and the lean the call divides
-out of its distributions (:func:`open_correction`, with the content-free lean read once per schema:
-:func:`content_free`).
+(:func:`admit`) and the schema head's prefill when it is not cached (:func:`prefill`). The lean a request opens
+with is read by the batch layer (:func:`pcd_engine.run.batch.open_lean`), which can decide the content-free inputs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass
 
 from pcd_engine.backends.contract import Backend, Prefix
-from pcd_engine.calibrate.calibrator import Calibrator
-from pcd_engine.calibrate.correction import CONTENT_FREE_TEXTS, reads_content_free
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.options import ExtractOptions
@@ -23,7 +19,7 @@ from pcd_engine.run.compile_cache import Head
 from pcd_engine.run.host import Host
 from pcd_engine.schema import Schema
 
-__all__ = ["Admitted", "Correction", "admit", "content_free", "open_correction", "prefill"]
+__all__ = ["Admitted", "admit", "prefill"]
 
 
 @dataclass(frozen=True)
@@ -114,56 +110,3 @@ def prefill(backend: Backend, head: Head, budget: PassBudget) -> Prefix:
     if chunk < 1 and ids:
         raise budget.over("the schema's instructions")
     return backend.prefill(ids, chunk=chunk if chunk < len(ids) else None)
-
-
-@dataclass(frozen=True)
-class Correction:
-    """The lean correction a request opens with.
-
-    Attributes:
-        name: ``"calibration"`` (the call's :class:`Calibrator`), ``"content_free"``, ``"batch"`` or ``"auto"``
-            (see :mod:`pcd_engine.calibrate.correction`), or ``None``.
-        priors: The calibrator the fields are corrected with (the call's, or the content-free one); ``None`` for
-            a batch correction, whose leans come with each wave.
-        passes: Passes spent reading the content-free lean (0 when it was cached or not needed).
-        ms: Milliseconds spent on it.
-    """
-
-    name: str | None = None
-    priors: Calibrator | None = None
-    passes: int = 0
-    ms: float = 0.0
-
-
-def open_correction(host: Host, schema: Schema, call: ExtractOptions, *, batched: bool) -> Correction:
-    """The correction of a request of ``schema`` under ``call``: the call's calibration; else the content-free
-    lean when the call reads it (:func:`~pcd_engine.calibrate.correction.reads_content_free`: ``"auto"`` in a
-    large enough batch takes the batch's lean instead, wave by wave); else the batch correction's name."""
-    if call.calibration is not None:
-        return Correction("calibration", call.calibration)
-    if reads_content_free(schema, call, marginal_max_labels=host.options.marginal_max_labels, batched=batched):
-        before, tick = host.backend.thread_passes, time.perf_counter()
-        lean = content_free(host, schema, call)
-        return Correction(
-            call.correction, lean, host.backend.thread_passes - before, (time.perf_counter() - tick) * 1000
-        )
-    if call.correction in ("batch", "auto"):
-        return Correction(call.correction)
-    return Correction()
-
-
-def content_free(host: Host, schema: Schema, call: ExtractOptions) -> Calibrator:
-    """The ``"content_free"`` lean of ``schema`` in this call's prompt format and reading: a mean-prior
-    :class:`Calibrator` fitted on :data:`~pcd_engine.calibrate.correction.CONTENT_FREE_TEXTS` (their closed fields
-    decided in one batch, nothing generated), fitted once and kept in the host's compile cache. Under ``"auto"``
-    with the engine's choice of strategy, the fields are read with the marginal strategy, as the call reads the
-    fields it corrects."""
-    strategy = "marginal" if call.correction == "auto" else call.strategy
-    plain = replace(call, calibration=None, correction="none", min_probability=None, strategy=strategy)
-    key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
-
-    def fit() -> Any:
-        return Calibrator.fit(host, CONTENT_FREE_TEXTS, schema, method="mean", options=plain)
-
-    lean: Calibrator = host.cache.leans.get_or_build(key, fit)
-    return lean

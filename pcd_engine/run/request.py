@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pcd_engine.backends.contract import RequestState
-from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
-from pcd_engine.calibrate.correction import MIN_BATCH, correctable, reads_whole_in_batch
+from pcd_engine.calibrate.calibrator import FieldPrior
+from pcd_engine.calibrate.correction import Lean, full_distribution
 from pcd_engine.decide.compiler import CompiledWave, questions, written_value
-from pcd_engine.decide.decoding import Decision, Exact, Fixed, Strategy, choose_strategy
+from pcd_engine.decide.decoding import Decision, Fixed, Strategy, choose_strategy
 from pcd_engine.decide.planner import plan_passes, plan_waves
 from pcd_engine.decide.staging import PassCost, WaveSearch, plan_reading
 from pcd_engine.decide.tree import TreeBatch
@@ -44,7 +44,7 @@ from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.compile_cache import Head
 from pcd_engine.run.feeding import Feeding
 from pcd_engine.run.host import Host
-from pcd_engine.run.opening import admit, open_correction
+from pcd_engine.run.opening import admit
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = ["PHASES", "Request", "WavePlan"]
@@ -112,13 +112,11 @@ class Request(Feeding):
         phases: Milliseconds per phase.
         results: Each decided field's result, by name.
         warnings: What the caller should know, in order.
-        correction: The lean correction asked for: ``"calibration"`` (the call's :class:`Calibrator`),
-            ``"content_free"``, ``"batch"`` or ``"auto"`` (see :mod:`pcd_engine.calibrate.correction`), or ``None``.
-        priors: The calibrator the fields are corrected with (the call's, or the content-free one); ``None`` for
-            a batch correction, whose leans come with each wave.
+        lean: The lean the request opened with (:class:`~pcd_engine.calibrate.correction.Lean`: the call's
+            calibration, the content-free lean, or none; a batch correction's leans come with each wave).
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
-        batched: Opened in a batch of at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` documents of its
-            schema under ``"auto"``: the fields auto corrects are read exact and whole, for the batch's lean.
+        group: Whose documents these are: a batch correction estimates a lean only on documents of one group (one
+            caller's call), never across callers.
     """
 
     engine: Host
@@ -148,10 +146,9 @@ class Request(Feeding):
     phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     results: dict[str, FieldResult] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
-    correction: str | None = None
-    priors: Calibrator | None = None
+    lean: Lean = field(default_factory=Lean)
     batch_documents: int = 1
-    batched: bool = False
+    group: object = None
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -164,12 +161,14 @@ class Request(Feeding):
         document: str,
         *,
         cancelled: Callable[[], bool] | None = None,
-        batched: bool = False,
+        lean: Callable[[], Lean] | None = None,
+        group: object = None,
     ) -> Request:
         """Check the request, tokenize it, and start it on the schema's head (prefilled now if not cached).
 
-        ``batched`` says the request is one of at least :data:`~pcd_engine.calibrate.correction.MIN_BATCH` documents of
-        its schema and options decided together (see :attr:`batched`).
+        ``lean`` gives the lean the call opens with, called once the request passed its checks and its head is
+        prefilled (:func:`~pcd_engine.run.batch.open_lean`; ``None``: none), and ``group`` says whose document it
+        is (see :attr:`group`).
 
         Raises:
             LimitError: If the request needs more labels, tokens or memory than allowed.
@@ -194,12 +193,11 @@ class Request(Feeding):
             prompt_tokens=len(ids),
             waves=plan_waves(schema, anchor=bool(call.anchor)),
             prefill_passes=prefill_passes,
-            batched=batched and call.correction == "auto" and call.calibration is None,
+            group=group,
         )
-        correction = open_correction(engine, schema, call, batched=batched)
-        request.correction, request.priors = correction.name, correction.priors
-        request.correction_passes = correction.passes
-        request.phases.update(tokenize=admitted.tokenize_ms, prefill=prefill_ms, correction=correction.ms)
+        request.lean = lean() if lean is not None else Lean()
+        request.correction_passes = request.lean.passes
+        request.phases.update(tokenize=admitted.tokenize_ms, prefill=prefill_ms, correction=request.lean.ms)
         return request
 
     def decide_wave(self, index: int) -> None:
@@ -224,10 +222,9 @@ class Request(Feeding):
             return WavePlan(index, asked, None, [])
         with self.timed("compile"):
             cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
-            strategies = [self.strategy(q, field=spec) for spec, q in asked]
-            whole = [self.batched and self.reads_whole(spec) for spec, _ in asked]
+            strategies = [self.strategy(q) for _, q in asked]
             staging = str(self.call.staging or "auto")
-            readings = plan_reading(cw, strategies, staging=staging, cost=self.pass_cost(cw), whole=whole)
+            readings = plan_reading(cw, strategies, staging=staging, cost=self.pass_cost(cw))
             search = WaveSearch(readings, cost=self.engine.known_pass_cost)
             self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
             passes = self.tree_passes(cw, search.first())
@@ -295,24 +292,16 @@ class Request(Feeding):
         wave = self.waves[index]
         decided = self.by_field(asked, decisions)
         options = self.engine.options
-        named = self.correction == "batch" or (self.correction == "auto" and self.batched)
-        if named and leans is None and decided and self.batch_documents < MIN_BATCH:
-            note = (
-                f"Correction '{self.correction}': expected at least {MIN_BATCH} documents decided together to "
-                f"estimate the model's lean, but this batch had {self.batch_documents}; the answers are the "
-                "model's own."
-            )
-            if note not in self.warnings:
-                self.warnings.append(note)
+        note = (
+            None if self.call.calibration is not None else self.call.corrector.small_batch_warning(self.batch_documents)
+        )
+        if note is not None and leans is None and decided and note not in self.warnings:
+            self.warnings.append(note)
         for spec in wave:
-            how: str | None = "batch"
-            if leans is not None:
-                prior = leans.get(spec.name)
-            else:
-                prior = None if self.priors is None else self.priors.field(spec.name)
-                how = "content_free" if self.correction == "auto" else self.correction
+            how = "batch" if leans is not None else self.lean.source
+            prior = leans.get(spec.name) if leans is not None else self.lean.field(spec.name)
             if prior is not None and not self.correctable(spec, decided.get(spec.name, ())):
-                prior = None  # a staged or walked reading, or a field "auto" leaves as read
+                prior = None  # a staged or walked reading, or a field the correction leaves as read
             if spec.kind == "multi":
                 self.results[spec.name] = multi_result(
                     spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
@@ -454,24 +443,19 @@ class Request(Feeding):
         self.tail_text += field_line(spec.name, value)
         self.written.add(spec.name)
 
-    def strategy(self, question: FieldSpec, *, field: FieldSpec | None = None) -> Strategy:
-        """One question's strategy under this call's options (of ``field``: in a :attr:`batched` request the
-        questions of the fields auto corrects are read exact)."""
-        if self.batched and field is not None and self.reads_whole(field):
-            return Exact()
+    def strategy(self, question: FieldSpec) -> Strategy:
+        """One question's strategy under this call's options."""
         n = len(question.labels)
         return choose_strategy(n, name=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels)
 
-    def reads_whole(self, spec: FieldSpec) -> bool:
-        """Whether field ``spec`` is read exact and whole when the request is :attr:`batched`."""
-        return reads_whole_in_batch(spec, self.call, marginal_max_labels=self.engine.options.marginal_max_labels)
-
     def correctable(self, spec: FieldSpec, decisions: Sequence[Decision]) -> bool:
-        """Whether this request's lean may be divided out of field ``spec``'s decisions."""
-        return correctable(
-            spec, decisions, self.call, correction=self.correction,
-            marginal_max_labels=self.engine.options.marginal_max_labels,
-        )  # fmt: skip
+        """Whether this request's lean may be divided out of field ``spec``'s decisions: under a calibration any
+        field read whole, else the fields the call's correction corrects, read whole."""
+        if self.call.calibration is not None:
+            return full_distribution(decisions)
+        return self.call.corrector.correctable(
+            spec, decisions, strategy=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels
+        )
 
     def pass_cost(self, wave: CompiledWave) -> Callable[[], PassCost]:
         """The engine's pass cost, measured on this request's state (before its pending tokens) on first use."""

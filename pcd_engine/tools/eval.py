@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.calibrate.correction import CORRECTION_WINDOW
+from pcd_engine.calibrate.shares import LabelShares, label_shares
 from pcd_engine.errors import OptionError, check_count
 from pcd_engine.options import CORRECTIONS
 from pcd_engine.schema import FieldSpec, Schema, compile_schema
@@ -25,12 +26,17 @@ __all__ = [
     "COVERAGE_THRESHOLDS",
     "CoveragePoint",
     "EvalReport",
+    "OWN",
     "MethodScore",
     "accuracy_coverage",
+    "calibration_scores",
     "eval_schema",
     "evaluate",
     "parse_corrections",
 ]
+
+OWN = "pcd, the model's own (same pass)"
+"""The row of the model's own distributions, read in the same pass as pcd's corrected row."""
 
 COVERAGE_THRESHOLDS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 """The ``min_probability`` values ``pcd eval`` prints the accuracy-coverage curve at."""
@@ -49,6 +55,12 @@ class MethodScore:
         agreement_with_pcd: Fraction of documents where it chose pcd's label (1.0 for pcd itself).
         probabilities: For pcd (calibrated or not), its probability of each prediction, in document order; empty
             for a baseline, which reports none.
+        distributions: For pcd, each document's distribution over the report's labels; empty for a baseline.
+        ece: Expected calibration error of ``probabilities`` (ten equal-width bins of the top label's
+            probability: the gap between confidence and accuracy, weighted by the documents in each); ``None``
+            without probabilities.
+        brier: Brier score of ``distributions`` (the mean over documents of the squared distance to the gold
+            label's one-hot vector; 0 is perfect, 2 the worst); ``None`` without distributions.
     """
 
     method: str
@@ -58,6 +70,9 @@ class MethodScore:
     invalid: int
     agreement_with_pcd: float
     probabilities: tuple[float, ...] = ()
+    distributions: tuple[tuple[float, ...], ...] = ()
+    ece: float | None = None
+    brier: float | None = None
 
 
 @dataclass(frozen=True)
@@ -107,17 +122,22 @@ class EvalReport:
         field: The field scored.
         labels: Its allowed labels.
         gold: The gold labels, in document order.
-        methods: pcd first, then each baseline.
+        methods: pcd first (and, when its field was corrected, the model's own reading of the same pass, named
+            :data:`OWN`), then each calibration, correction and baseline.
+        shares: The field's label shares among the documents as pcd's row estimates them
+            (:func:`~pcd_engine.calibrate.shares.label_shares`), to set beside the gold ones.
     """
 
     field: str
     labels: tuple[str, ...]
     gold: tuple[str, ...]
     methods: tuple[MethodScore, ...]
+    shares: LabelShares | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The report as plain JSON-ready data, with each pcd method's accuracy-coverage curve."""
         data = dataclasses.asdict(self)
+        data["shares"] = None if self.shares is None else self.shares.to_json()
         for entry, method in zip(data["methods"], self.methods, strict=True):
             entry["accuracy_coverage"] = [dataclasses.asdict(p) for p in self.coverage(method)]
         return data
@@ -191,21 +211,25 @@ def evaluate(
 
     Every pcd method decides the documents in chunks of :data:`~pcd_engine.calibrate.correction.CORRECTION_WINDOW`, each
     one :meth:`Engine.extract_many` call (one pass per wave for a batch of :meth:`Engine.batch_size`; the batch a
-    ``"batch"`` or ``"auto"`` correction estimates its lean on); its time per document is its chunk's time divided
-    by the chunk's size. Baselines run one document at a time.
+    ``"batch"`` correction estimates its lean on); its time per document is its chunk's time divided by the
+    chunk's size. Baselines run one document at a time. Where pcd's own row corrected the field, the model's own
+    distributions of the same pass are scored too, as :data:`OWN` (no second reading).
 
     Returns:
-        The report: pcd first, then each baseline.
+        The report: pcd first, then the model's own reading, each calibration, correction and baseline.
     """
     ready(engine, against)
     check_count(max_chars, "max_chars")
     calibrated = dict(calibrations or {})
     own = extract_options.get("correction") or engine.options.correction
     corrected = {f"pcd, correction={c}": c for c in corrections if c != own}
-    methods = ("pcd", *calibrated, *corrected, *against)
+    methods = ("pcd", OWN, *calibrated, *corrected, *against)
     preds: dict[str, list[str]] = {m: [] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
     probabilities: dict[str, list[float]] = {m: [] for m in methods}
+    distributions: dict[str, list[tuple[float, ...]]] = {m: [] for m in methods}
+    spec = schema.field(field)
+    decided: list[Any] = []
     engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
     # chunks as large as a batch correction's window: pcd's own row (the default "auto") and the corrected ones
     # decide each chunk as one extract_many, as a user's batch call would
@@ -223,13 +247,59 @@ def evaluate(
             times[name] += [each] * len(chunk)
             preds[name] += [str(out.values[field]) for out in outs]
             probabilities[name] += [float(out.fields[field].probability or 0.0) for out in outs]
+            distributions[name] += [_distribution(out.fields[field], spec) for out in outs]
+            if name == "pcd":
+                decided += outs
+                own = [out.fields[field].raw_distribution or _distribution(out.fields[field], spec) for out in outs]
+                times[OWN] += [each] * len(chunk)
+                preds[OWN] += [str(spec.values[max(range(len(d)), key=lambda i: (d[i], -i))]) for d in own]
+                probabilities[OWN] += [max(d) for d in own]
+                distributions[OWN] += own
         for text in chunk:
             for method in against:
                 result = BASELINES[method](engine, text, schema)
                 times[method].append(result.ms)
                 value = (result.values or {}).get(field, INVALID)
                 preds[method].append(str(value) if schema.field(field).allows(value) else INVALID)
-    return _report(docs, schema.field(field), methods, preds, times, probabilities)
+    if not any(out.fields[field].raw_distribution for out in decided):  # nothing corrected: the same row twice
+        methods = tuple(m for m in methods if m != OWN)
+    report = _report(docs, spec, methods, preds, times, probabilities, distributions)
+    shares = label_shares(decided, schema, fields=[field])[field] if spec.scored and len(spec.labels) > 1 else None
+    return dataclasses.replace(report, shares=shares)
+
+
+def _distribution(result: Any, spec: FieldSpec) -> tuple[float, ...]:
+    """A decided field's distribution over its labels: its own, or one-hot on its value."""
+    if result.label_distribution is not None:
+        return tuple(result.label_distribution)
+    return tuple(1.0 if v == result.value else 0.0 for v in spec.values)
+
+
+def calibration_scores(
+    gold: Sequence[str], labels: Sequence[str], probabilities: Sequence[float], predictions: Sequence[str],
+    distributions: Sequence[Sequence[float]], *, bins: int = 10,
+) -> tuple[float | None, float | None]:  # fmt: skip
+    """``(ece, brier)`` of one method (see :class:`MethodScore`); each ``None`` when its inputs are empty."""
+    ece = None
+    if probabilities:
+        total = 0.0
+        for b in range(bins):
+            inside = [
+                (q, p == g) for q, p, g in zip(probabilities, predictions, gold, strict=True)
+                if b / bins < q <= (b + 1) / bins or (b == 0 and q == 0)
+            ]  # fmt: skip
+            if inside:
+                confidence = statistics.fmean(q for q, _ in inside)
+                accuracy = statistics.fmean(float(ok) for _, ok in inside)
+                total += len(inside) * abs(confidence - accuracy)
+        ece = total / len(gold)
+    brier = None
+    if distributions:
+        brier = statistics.fmean(
+            sum((p - (1.0 if label == g else 0.0)) ** 2 for p, label in zip(row, labels, strict=True))
+            for row, g in zip(distributions, gold, strict=True)
+        )
+    return ece, brier
 
 
 def _report(
@@ -239,23 +309,29 @@ def _report(
     preds: Mapping[str, list[str]],
     times: Mapping[str, list[float]],
     probabilities: Mapping[str, list[float]],
+    distributions: Mapping[str, list[tuple[float, ...]]],
 ) -> EvalReport:
     """Each method's predictions scored against the gold labels (pcd's row first)."""
     gold = [d.label for d in docs]
     labels = [str(v) for v in spec.values]
-    scores = tuple(
-        MethodScore(
-            method=m,
-            predictions=tuple(preds[m]),
-            metrics=classification_metrics(gold, preds[m], labels=labels),
-            mean_ms=statistics.fmean(times[m]),
-            invalid=preds[m].count(INVALID),
-            agreement_with_pcd=agreement(preds[m], preds["pcd"]),
-            probabilities=tuple(probabilities[m]),
+    scores = []
+    for m in methods:
+        ece, brier = calibration_scores(gold, labels, probabilities[m], preds[m], distributions[m])
+        scores.append(
+            MethodScore(
+                method=m,
+                predictions=tuple(preds[m]),
+                metrics=classification_metrics(gold, preds[m], labels=labels),
+                mean_ms=statistics.fmean(times[m]),
+                invalid=preds[m].count(INVALID),
+                agreement_with_pcd=agreement(preds[m], preds["pcd"]),
+                probabilities=tuple(probabilities[m]),
+                distributions=tuple(distributions[m]),
+                ece=ece,
+                brier=brier,
+            )
         )
-        for m in methods
-    )
-    return EvalReport(spec.name, tuple(labels), tuple(gold), scores)
+    return EvalReport(spec.name, tuple(labels), tuple(gold), tuple(scores))
 
 
 def parse_corrections(text: str | None) -> tuple[str, ...]:

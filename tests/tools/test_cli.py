@@ -20,6 +20,7 @@ import pytest
 from pcd_engine.errors import ModelLoadError
 from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL
 from pcd_engine.tools.cli import build_parser, main
+from pcd_engine.tools.eval import OWN
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from tests.conformance import shift_tree_positions
 from tests.support import cache_in_hub, mlx_available
@@ -325,9 +326,11 @@ def test_eval_jsonl_against_both_baselines(capsys, tiny, tmp_path):
     code, out, _ = run(capsys, *argv, "--backend", "torch", "--plot", str(plot), "--json", str(raw), "-q")
     assert code == 0, out
     rows = table_rows(out, "method")
-    assert [r[0] for r in rows] == ["pcd", "ar", "outlines"]
-    assert rows[0][5] == "100.0%"
-    assert out.count("confusion matrix,") == 3
+    assert [r[0] for r in rows] == ["pcd", OWN, "ar", "outlines"]  # the model's own reading: the same pass
+    assert rows[0][7] == "100.0%"
+    assert all(0 <= float(r[3]) <= 1 and 0 <= float(r[4]) <= 2 for r in rows[:2])  # ECE, Brier
+    assert rows[2][3] == rows[2][4] == "-"  # a baseline reports no probabilities
+    assert out.count("confusion matrix,") == 4
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = json.loads(raw.read_text())["report"]
     assert report["labels"] == ["business", "sport", "tech"]
@@ -359,7 +362,7 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
     code, out, _ = run(capsys, "eval", tiny, str(root), "--field", "topic", "--schema", str(schema), "-q")
     assert code == 0, out
     rows = table_rows(out, "method")
-    assert [r[0] for r in rows] == ["pcd"]
+    assert [r[0] for r in rows] == ["pcd", OWN]
     confusion = table_rows(out, "gold \\ predicted")
     assert [r[0] for r in confusion] == ["business", "sport", "tech", "politics"]
     assert sum(int(c) for r in confusion for c in r[1:]) == len(DOCS)
@@ -378,16 +381,21 @@ def test_eval_corrections_are_methods_equal_to_extract_many_with_each(capsys, ti
     code, out, _ = run(capsys, "eval", tiny, str(data), "--field", "topic", "--corrections", "all", "--backend",
                        "torch", "--json", str(raw), "-q")  # fmt: skip
     assert code == 0, out
-    names = ["pcd", *(f"pcd, correction={c}" for c in ("none", "batch", "content_free"))]  # pcd's own: auto
+    names = ["pcd", OWN, *(f"pcd, correction={c}" for c in ("none", "batch", "content_free"))]  # pcd's own: auto
     assert [r[0] for r in table_rows(out, "method")] == names
     report = json.loads(raw.read_text())["report"]
     engine = Engine.shared(tiny, backend="torch")
     assert report["gold"] == [d["label"] for d in docs]  # the whole file, in order
     schema = eval_schema("topic", report["gold"])
     for method in report["methods"]:
-        correction = method["method"].partition("correction=")[2] or "auto"
+        # the model's own reading of pcd's pass is what correction="none" decides
+        correction = "none" if method["method"] == OWN else method["method"].partition("correction=")[2] or "auto"
         got = engine.extract_many([d["text"] for d in docs], schema, correction=correction)
         assert method["predictions"] == [r.values["topic"] for r in got], correction
+    shares = report["shares"]
+    assert shares["field"] == "topic" and shares["documents"] == len(docs)
+    assert sum(label["share"] for label in shares["labels"]) == pytest.approx(1)
+    assert "label shares of 'topic'" in out
     code, _, err = run(capsys, "eval", tiny, str(data), "--field", "topic", "--corrections", "batch,bogus", "-q")
     assert_one_line_error(code, err, "--corrections", "bogus")
 

@@ -191,3 +191,20 @@ def test_accuracy_coverage_equals_counting_by_hand(seed):
     assert accuracy_coverage(predicted, probabilities, gold, [1.1])[0].accuracy is None
     with pytest.raises(OptionError, match="expected as many predictions, probabilities and gold labels"):
         accuracy_coverage(predicted, probabilities[:-1], gold)
+
+
+def test_calibration_scores_equal_counting_by_hand():
+    from pcd_engine.tools.eval import calibration_scores
+
+    gold = ["a", "b", "a", "b"]
+    labels = ["a", "b"]
+    rows = [(0.9, 0.1), (0.3, 0.7), (0.35, 0.65), (0.55, 0.45)]
+    preds = ["a", "b", "b", "a"]
+    top = [max(r) for r in rows]  # 0.9, 0.7, 0.65, 0.55
+    ece, brier = calibration_scores(gold, labels, top, preds, rows)
+    # bins: (0.5, 0.6] holds 0.55 (wrong); (0.6, 0.7] holds 0.7 (right) and 0.65 (wrong); (0.8, 0.9] holds 0.9 (right)
+    want = (abs(0.55 - 0) + 2 * abs((0.7 + 0.65) / 2 - 0.5) + abs(0.9 - 1)) / 4
+    assert ece == pytest.approx(want)
+    squared = [(0.9 - 1) ** 2 + 0.1**2, 0.3**2 + (0.7 - 1) ** 2, (0.35 - 1) ** 2 + 0.65**2, 0.55**2 + (0.45 - 1) ** 2]
+    assert brier == pytest.approx(sum(squared) / 4)
+    assert calibration_scores(gold, labels, [], preds, []) == (None, None)

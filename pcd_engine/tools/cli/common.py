@@ -104,7 +104,8 @@ def with_decoding(p: argparse.ArgumentParser) -> None:
         "--correction",
         default=None,
         choices=CORRECTIONS,
-        help="divide out the model's label lean: estimated on the documents decided together (batch), on "
-        "content-free inputs (content_free), batch where 16 or more are decided together else content_free, on "
-        "the fields read whole anyway (auto, the default), or not at all (none: the model's own decisions)",
+        help="divide out the model's label lean: the lean read on content-free inputs, from the small single-choice "
+        "fields (auto, the default: an answer never depends on the other documents) or from every closed field "
+        "(content_free); estimated on the documents of one call, assuming balanced labels (batch); or not at all "
+        "(none: the model's own decisions)",
     )

@@ -76,12 +76,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(fitted)
     print(versions() + "\n")
     show_table(
-        ("method", "accuracy", "macro-F1", "mean ms / doc", "invalid", "agreement with pcd"),
+        ("method", "accuracy", "macro-F1", "ECE", "Brier", "mean ms / doc", "invalid", "agreement with pcd"),
         [
             (
                 m.method,
                 f"{m.metrics.accuracy:.1%}",
                 f"{m.metrics.macro_f1:.3f}",
+                "-" if m.ece is None else f"{m.ece:.3f}",
+                "-" if m.brier is None else f"{m.brier:.3f}",
                 f"{m.mean_ms:.0f}",
                 m.invalid,
                 f"{m.agreement_with_pcd:.1%}",
@@ -89,6 +91,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
             for m in report.methods
         ],
     )
+    if report.shares is not None:
+        shares = report.shares
+        print(f"\nlabel shares of {shares.field!r} among the {shares.documents} documents (pcd's estimate, EM)\n")
+        show_table(
+            ("label", "gold share", "estimated share", "95% interval"),
+            [
+                (label, f"{report.gold.count(str(label)) / len(report.gold):.1%}", f"{share:.1%}",
+                 f"{low:.1%} - {high:.1%}")
+                for label, share, low, high in zip(shares.labels, shares.shares, shares.low, shares.high, strict=True)
+            ],  # fmt: skip
+        )
     curves = [(m.method, report.coverage(m)) for m in report.methods if m.probabilities]
     print("\naccuracy-coverage: answering only where the probability reaches min_probability\n")
     show_table(
