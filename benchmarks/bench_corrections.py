@@ -1,48 +1,47 @@
-"""Label-bias corrections that need nothing from the user, measured side by side on labelled data.
+"""Lean corrections on weak and capable readers, on balanced and skewed batches: would a correction make a reader
+that is right wrong?
 
-For each dataset (BBC News topics, five labels; Rotten Tomatoes review snippets, fresh/rotten), a seeded sample is
-read with every label's probability, once with the labels listed sorted and once reversed, in each reading asked
-for: ``exact`` (each label's full tokens, as a calibrated call reads it) and ``marginal`` (each label's
-identifying token, as a default call reads a field of up to 32 labels, and as the default ``"auto"`` correction
-corrects it). Each correction decides from those readings (plus whatever
-extra readings it needs), and is reported with accuracy, macro-F1, the share of documents whose answer is the same
-under both label orders, and its cost in readings per document. Each dataset is also reported on a skewed
-batch (every document of its first label and one in four of the others), where a correction towards uniform
-labels can do harm.
+Readers (each gives every document's distribution over the labels, and its distribution on the content-free
+inputs "N/A", "[MASK]", "(no text)"):
 
-Corrections (``q``: the model's label distribution on the document; ``b``: an estimated lean; the decision is the
-argmax of ``q / b``):
+* the embedded model (``--model``, default SmolLM2-135M) on BBC News topics (5 labels) and Rotten Tomatoes
+  verdicts (2), read with the labels listed sorted and reversed, both ``marginal`` (the default reading) and
+  ``exact`` (every token of every label, what ``content_free`` and ``batch`` read);
+* the same model on easy tasks made here, 2 to 8 labels (which colour, animal, weekday, fruit a sentence names;
+  whether a device is on): some it gets right alone, some its lean misleads;
+* capable readers whose posteriors are real: a TF-IDF logistic regression trained on half of BBC News (as fitted,
+  and with sigmoid-calibrated probabilities), each with a planted lean towards ``business`` (mild: x2, strong:
+  x8 / x3 / x1 / x1 / x0.5); and a synthetic 99%-accurate reader with a x1.5 lean. Their content-free readings are
+  the classifier's own on the same inputs, times the planted lean.
 
-* **raw**: ``q`` as it is (pcd without calibration);
-* **length-normalised**: the label's log-likelihood per token instead of its total (unconditional, one reading);
-* **content-free**: ``b`` is the mean distribution on content-free documents ("N/A", "[MASK]", "(no text)"),
-  read once per schema (Zhao et al. 2021); works for a single call;
-* **random words**: ``b`` from five documents of random words drawn from a fixed English word list (the
-  model's vocabulary), read once per schema; a single call;
-* **domain words**: ``b`` from five documents of random words drawn from the sample's own documents (Fei et al.
-  2023); needs a batch;
-* **own words shuffled**: each document's ``b`` is its own words in a random order (two readings per document);
-  a single call;
-* **batch mean / batch EM**: ``b`` is the mean of ``q`` over the documents decided together, or the EM prior
-  under which the corrected distributions average to uniform (pcd's ``Calibrator`` methods, fitted on the batch);
-  also with the batch cut in chunks of 32, 16 and 8, as smaller calls would see it;
-* **running EM**: each document corrected by the EM estimate over every document decided before it and itself
-  (an engine-held estimate that grows with use).
+Batches are drawn from each reader's documents by label: balanced, and 60%, 80% and 95% one label, with the
+majority on the label the model leans to most (its content-free lean) and on the one it leans to least; 16, 64 and
+256 documents; many draws each (1024 documents per cell). Corrections, as the engine computes them (the tests hold
+the engine to these formulas on an oracle model):
+
+* **raw**: the model's own distribution (marginal reading);
+* **auto** (the default): the content-free lean divided out of the marginal reading, per document;
+* **content_free**: the same on the exact reading;
+* **batch**: the batch's EM lean (corrected shares made uniform) divided out of the exact reading.
+
+Reported: accuracy, macro-F1, expected calibration error, Brier score, the share of documents with the same answer
+under both label orders (model readers), ms per document of the reading; the worst loss against raw over the skewed
+batches; and the error of each label-share estimator (``pcd_engine.calibrate.shares``) on the auto-corrected
+distributions.
 
 Usage::
 
-    python benchmarks/bench_corrections.py --bbc-docs 240 --rt-docs 320 --max-chars 600 --readings exact,marginal
+    python benchmarks/bench_corrections.py --bbc-docs 240 --rt-docs 320 --max-chars 600
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,235 +49,286 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pcd_engine import Engine  # noqa: E402
-from pcd_engine.calibrate.calibrator import em_bias, mean_prior  # noqa: E402
-from pcd_engine.decide.compiler import compile_wave  # noqa: E402
-from pcd_engine.prompt.chat_prompt import ChatPrompt  # noqa: E402
+from pcd_engine.calibrate.calibrator import em_bias  # noqa: E402
+from pcd_engine.calibrate.correction import CONTENT_FREE_TEXTS  # noqa: E402
+from pcd_engine.calibrate.shares import estimate_shares  # noqa: E402
 from pcd_engine.tools.datasets import classification_metrics, load_dataset  # noqa: E402
-from pcd_engine.tools.eval import eval_schema  # noqa: E402
+from pcd_engine.tools.eval import calibration_scores, eval_schema  # noqa: E402
 from pcd_engine.tools.terminal import table, versions  # noqa: E402
 
-READINGS = ("exact", "marginal")
-CONTENT_FREE = ("N/A", "[MASK]", "(no text)")
 DATASETS = {
     "bbc-news": ("topic", "The section of the news site"),
     "rotten-tomatoes": ("verdict", "The critic's verdict on the film: fresh (liked it) or rotten (did not)"),
 }
+CORRECTIONS = ("raw", "auto", "content_free", "batch")
+SIZES = (16, 64, 256)
+SHARES = (0.6, 0.8, 0.95)
 
 
-def argmax(row: Sequence[float]) -> int:
-    return max(range(len(row)), key=lambda i: (row[i], -i))
-
-
-def in_order(distribution: Sequence[float], listed: Sequence[str], canonical: Sequence[str]) -> list[float]:
-    at = dict(zip(listed, distribution, strict=True))
-    return [at[label] for label in canonical]
-
-
-def divided(row: Sequence[float], bias: Sequence[float]) -> list[float]:
-    return [p / b if b > 0 else 0.0 for p, b in zip(row, bias, strict=True)]
-
-
-def em_numpy(rows: np.ndarray, iterations: int = 500, tolerance: float = 1e-9) -> np.ndarray:
-    """:func:`pcd_engine.calibrate.calibrator.em_bias` with a uniform target, vectorised (the running estimate calls it
-    once per document); checked against it on every dataset before use."""
-    bias = rows.mean(axis=0)
-    goal = 1.0 / rows.shape[1]
-    for _ in range(iterations):
-        corrected = rows * (goal / bias)
-        corrected /= corrected.sum(axis=1, keepdims=True)
-        mean = corrected.mean(axis=0)
-        if np.max(np.abs(mean - goal)) < tolerance:
-            break
-        bias = bias * mean / goal
-        bias /= bias.sum()
-    return bias
-
-
-def word_documents(words: Sequence[str], *, count: int, length: int, seed: int) -> list[str]:
+def easy_tasks(seed: int = 0) -> dict[str, tuple[str, str, list[str], list[tuple[str, str]]]]:
+    """Short sentences that name their label outright: name -> (field, description, labels, (text, label)s)."""
     rng = random.Random(seed)
-    return [" ".join(rng.choice(words) for _ in range(length)) for _ in range(count)]
-
-
-class Reader:
-    """Reads one dataset's field in one label order: whole distributions, masses and the time per document."""
-
-    def __init__(
-        self, engine: Engine, field: str, description: str, labels: list[str], order: list[str], strategy: str
-    ):
-        self.engine, self.field, self.labels, self.order = engine, field, labels, order
-        self.options = {"strategy": strategy, "staging": "one_pass", "anchor": False, "correction": "none"}
-        self.schema = eval_schema(field, labels, schema={field: {"type": "enum", "choices": order,
-                                                                 "description": description}})  # fmt: skip
-        self.seconds = 0.0
-        self.readings = 0
-
-    def read(self, texts: Sequence[str]) -> tuple[list[list[float]], list[float]]:
-        started = time.perf_counter()
-        outs = self.engine.extract_many(list(texts), self.schema, **self.options)
-        self.seconds += time.perf_counter() - started
-        self.readings += len(texts)
-        fields = [o.fields[self.field] for o in outs]
-        return [in_order(f.label_distribution, self.order, self.labels) for f in fields], [
-            float(f.candidate_mass) for f in fields
-        ]
-
-    def label_tokens(self) -> list[int]:
-        """Each label's token count after the field's shared start (its shortest surface), in canonical order."""
-        tv = self.engine.tokenizer
-        prompt = ChatPrompt.build(tv, self.schema)
-        spec = self.schema.field(self.field)
-        wave = compile_wave(tv, [spec], boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
-        trie = wave.fields[0]
-        count = {}
-        for path in trie.paths:
-            n = len(path.nodes) - trie.decision_depth
-            value = str(spec.labels[path.label].value)
-            count[value] = min(count.get(value, n), n)
-        return [count[label] for label in self.labels]
-
-
-def readings(
-    engine: Engine, name: str, texts: list[str], labels: list[str], seed: int, words: list[str], strategy: str
-) -> dict:
-    """Every reading the corrections decide from, in both label orders, read with ``strategy``."""
-    field, description = DATASETS[name]
-    rng = random.Random(seed)
-    mean_words = max(3, round(statistics.fmean(len(t.split()) for t in texts)))
-    batch_words = [w for t in texts for w in t.split()]
-    shuffled = []
-    for t in texts:
-        parts = t.split()
-        rng.shuffle(parts)
-        shuffled.append(" ".join(parts))
-    out = {}
-    for base, order in (("sorted", labels), ("reversed", labels[::-1])):
-        reader = Reader(engine, field, description, labels, order, strategy)
-        q, mass = reader.read(texts)
-        out[base] = {
-            "ms": reader.seconds * 1000 / len(texts),
-            "q": q,
-            "mass": mass,
-            "tokens": reader.label_tokens(),
-            "content_free": reader.read(CONTENT_FREE)[0],
-            "vocab": reader.read(word_documents(words, count=5, length=mean_words, seed=seed))[0],
-            "domain": reader.read(word_documents(batch_words, count=5, length=mean_words, seed=seed))[0],
-            "own": reader.read(shuffled)[0],
-        }
-        rows = np.array(q)
-        assert np.allclose(em_numpy(rows), em_bias(q), atol=1e-6), "em_numpy must equal em_bias"
-    return out
-
-
-def decide_all(read: dict, keep: Sequence[int], labels: list[str]) -> dict[str, list[str]]:
-    """Each correction's decisions on the documents ``keep`` (the batch methods estimate on those alone; the
-    domain words are drawn from the whole sample)."""
-    q = [read["q"][i] for i in keep]
-    mass = [read["mass"][i] for i in keep]
-    own = [read["own"][i] for i in keep]
-    rows = np.array(q)
-
-    def chunked(size: int) -> list[list[float]]:
-        out = []
-        for start in range(0, len(q), size):
-            part = q[start : start + size]
-            out += [divided(r, em_bias(part)) for r in part]
-        return out
-
-    tokens = read["tokens"]
-    lengthwise = [
-        [math.log(max(p * m, 1e-300)) / n for p, n in zip(r, tokens, strict=True)] for r, m in zip(q, mass, strict=True)
+    colours = ["red", "green", "blue", "yellow", "purple"]
+    things = ["car", "door", "house", "bicycle", "umbrella", "shirt", "cup", "boat"]
+    said = ["The {t} is {c}.", "She painted the {t} {c}.", "My neighbour bought a {c} {t} yesterday.",
+            "A {c} {t} was parked outside.", "He prefers the {c} {t}."]  # fmt: skip
+    animals = {"dog": "barked", "cat": "meowed", "cow": "mooed", "duck": "quacked"}
+    heard = ["Last night the {a} {v} loudly.", "Our {a} {v} at the postman.", "The farmer's {a} {v} all morning."]
+    days = ["monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday"]
+    dated = [
+        "The meeting is on {d}.",
+        "We will fly out on {d} morning.",
+        "See you {d}!",
+        "The shop is closed every {d}.",
     ]
-    methods: dict[str, list[Sequence[float]]] = {
-        "raw": q,
-        "length-normalised": lengthwise,
-        "content-free (3 inputs)": [divided(r, mean_prior(read["content_free"])) for r in q],
-        "random words (5 inputs)": [divided(r, mean_prior(read["vocab"])) for r in q],
-        "domain words (5 from the sample)": [divided(r, mean_prior(read["domain"])) for r in q],
-        "own words shuffled (per doc)": [divided(r, b) for r, b in zip(q, own, strict=True)],
-        "batch mean (all)": [divided(r, mean_prior(q)) for r in q],
-        "batch EM (all)": [divided(r, em_bias(q)) for r in q],
-        "batch EM (chunks of 32)": chunked(32),
-        "batch EM (chunks of 16)": chunked(16),
-        "batch EM (chunks of 8)": chunked(8),
-        "running EM": [divided(r, em_numpy(rows[: i + 1])) for i, r in enumerate(q)],
-    }
-    return {method: [labels[argmax(r)] for r in scored] for method, scored in methods.items()}
+    state = {
+        "on": ["The lamp is switched on.", "She turned the light on.", "The heater is running now.", "The TV is on."],
+        "off": ["The lamp is switched off.", "She turned the light off.", "The heater is not running.",
+                "The TV is off."],
+    }  # fmt: skip
+    fruit = {"apple": "apples", "banana": "bananas", "orange": "oranges", "grape": "grapes", "lemon": "lemons",
+             "cherry": "cherries", "pear": "pears", "peach": "peaches"}  # fmt: skip
+    bought = ["I bought some {p} at the market.", "The recipe needs three {p}.", "He ate two {p} for lunch."]
+    return {
+        "colour": ("colour", "The colour the sentence names", colours,
+                   [(rng.choice(said).format(t=rng.choice(things), c=c), c) for c in colours for _ in range(40)]),
+        "animal": ("animal", "The animal the sentence is about", list(animals),
+                   [(rng.choice(heard).format(a=a, v=v), a) for a, v in animals.items() for _ in range(50)]),
+        "weekday": ("day", "The day of the week the sentence names", days,
+                    [(rng.choice(dated).format(d=d.capitalize()), d) for d in days for _ in range(28)]),
+        "switch": ("state", "Whether the device is on or off", ["on", "off"],
+                   [(rng.choice(state[s]), s) for s in state for _ in range(80)]),
+        "fruit": ("fruit", "The fruit the sentence mentions", list(fruit),
+                  [(rng.choice(bought).format(p=p), f) for f, p in fruit.items() for _ in range(25)]),
+    }  # fmt: skip
 
 
-EXTRA = {"content-free (3 inputs)": 3, "random words (5 inputs)": 5, "domain words (5 from the sample)": 5}
+class Reading:
+    """One reader's distributions: ``q[reading][order]`` (documents x labels, canonical label order), the same
+    for the content-free inputs, the gold labels, and ms per document of each reading."""
+
+    def __init__(self, name: str, labels: list[str], gold: list[str]):
+        self.name, self.labels, self.gold = name, labels, np.array([labels.index(g) for g in gold])
+        self.q: dict[str, dict[str, np.ndarray]] = {}
+        self.cf: dict[str, dict[str, np.ndarray]] = {}
+        self.ms: dict[str, float] = {}
 
 
-def report(name: str, read: dict, keep: Sequence[int], gold: list[str], labels: list[str]) -> list[tuple]:
-    fwd = decide_all(read["sorted"], keep, labels)
-    bwd = decide_all(read["reversed"], keep, labels)
-    truth = [gold[i] for i in keep]
-    ms = statistics.fmean([read["sorted"]["ms"], read["reversed"]["ms"]])
-    out = []
-    for method in fwd:
-        m = classification_metrics(truth, fwd[method], labels=labels)
-        agree = statistics.fmean(a == b for a, b in zip(fwd[method], bwd[method], strict=True))
-        if method.startswith("own words"):
-            cost = f"2 readings/doc ({2 * ms:.0f} ms)"
-        elif method in EXTRA:
-            cost = f"1/doc + {EXTRA[method]} per schema ({ms:.0f} ms)"
-        else:
-            cost = f"1 reading/doc ({ms:.0f} ms)"
-        out.append((name, method, f"{m.accuracy:.1%}", f"{m.macro_f1:.3f}", f"{agree:.1%}", cost))
+def read_model(engine: Engine, name: str, field: str, description: str, labels: list[str], texts: list[str],
+               gold: list[str]) -> Reading:  # fmt: skip
+    """The model's distributions for ``texts`` in both label orders and both readings."""
+    out = Reading(name, labels, gold)
+    for reading in ("marginal", "exact"):
+        options = {"strategy": reading, "staging": "one_pass", "anchor": False, "correction": "none"}
+        out.q[reading], out.cf[reading] = {}, {}
+        seconds = 0.0
+        for order_name, order in (("sorted", labels), ("reversed", labels[::-1])):
+            spec = {"type": "enum", "choices": order, "description": description}
+            schema = eval_schema(field, labels, schema={field: spec})
+
+            def read(docs: Sequence[str], schema=schema) -> np.ndarray:
+                results = engine.extract_many(list(docs), schema, **options)
+                rows = [dict(zip(order, r.fields[field].label_distribution, strict=True)) for r in results]
+                return np.array([[row[label] for label in labels] for row in rows])
+
+            tick = time.perf_counter()
+            out.q[reading][order_name] = read(texts)
+            seconds += time.perf_counter() - tick
+            out.cf[reading][order_name] = read(CONTENT_FREE_TEXTS)
+        out.ms[reading] = seconds * 1000 / (2 * len(texts))
     return out
 
 
-def measure(
-    engine: Engine, name: str, docs: int, max_chars: int, seed: int, words: list[str], strategy: str
-) -> list[tuple]:
-    data = load_dataset(name, limit=docs, seed=seed)
-    texts = [d.text[:max_chars] for d in data]
-    gold = [d.label for d in data]
+def capable_readers(seed: int = 1) -> list[Reading]:
+    """The TF-IDF logistic regressions (fitted, and calibrated) with planted leans, and the synthetic reader."""
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.feature_extraction.text import TfidfVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    data = list(load_dataset("bbc-news"))
+    random.Random(seed).shuffle(data)
+    texts, gold = [d.text[:600] for d in data], [d.label for d in data]
     labels = sorted(set(gold))
-    read = readings(engine, name, texts, labels, seed, words, strategy)
-    rows = report(f"{name} ({len(texts)}, {strategy})", read, range(len(texts)), gold, labels)
-    # A skewed batch: every document of the sample's first label, and one in four of the others.
-    first = labels[0]
-    skewed = [i for i, g in enumerate(gold) if g == first or i % 4 == 0]
-    share = sum(gold[i] == first for i in skewed) / len(skewed)
-    rows += report(f"{name} skewed ({len(skewed)}, {share:.0%} {first}, {strategy})", read, skewed, gold, labels)
-    return rows
+    half = len(texts) // 2
+    vec = TfidfVectorizer(sublinear_tf=True, min_df=2).fit(texts[:half])
+    train, test = vec.transform(texts[:half]), vec.transform(texts[half:])
+    y = [labels.index(g) for g in gold[:half]]
+    empty = vec.transform(list(CONTENT_FREE_TEXTS))
+    models = {
+        "logistic regression": LogisticRegression(C=10, max_iter=2000).fit(train, y),
+        "calibrated regression": CalibratedClassifierCV(LogisticRegression(C=10, max_iter=2000), cv=5).fit(train, y),
+    }
+    out = []
+    for model_name, model in models.items():
+        p, cf = model.predict_proba(test), model.predict_proba(empty)
+        for lean_name, lean in (("mild lean", [2.0, 1, 1, 1, 1]), ("strong lean", [8.0, 3, 1, 1, 0.5])):
+            b = np.array(lean) / sum(lean)
+            reader = Reading(f"{model_name}, {lean_name}", labels, gold[half:])
+            planted = (p * b) / (p * b).sum(axis=1, keepdims=True)
+            cf_planted = (cf * b) / (cf * b).sum(axis=1, keepdims=True)
+            for reading in ("marginal", "exact"):
+                reader.q[reading], reader.cf[reading] = {"sorted": planted}, {"sorted": cf_planted}
+                reader.ms[reading] = 0.0
+            out.append(reader)
+    rng = np.random.default_rng(seed)
+    truth = np.array([labels.index(g) for g in gold[half:]])
+    confidence = rng.uniform(0.9, 0.995, len(truth))
+    rows = np.zeros((len(truth), len(labels)))
+    for i, t in enumerate(truth):
+        said = t if rng.random() > 0.01 else (t + 1) % len(labels)
+        rows[i] = np.insert(rng.dirichlet(np.ones(len(labels) - 1)) * (1 - confidence[i]), said, confidence[i])
+    b = np.array([1.5, 1, 1, 1, 1]) / 5.5
+    synthetic = Reading("synthetic 99% reader, x1.5 lean", labels, gold[half:])
+    for reading in ("marginal", "exact"):
+        synthetic.q[reading] = {"sorted": (rows * b) / (rows * b).sum(axis=1, keepdims=True)}
+        synthetic.cf[reading] = {"sorted": np.tile(b, (3, 1))}
+        synthetic.ms[reading] = 0.0
+    return [*out, synthetic]
 
 
-def vocabulary_words(engine: Engine, limit: int = 5000) -> list[str]:
-    """Whole English words in the tokenizer's vocabulary (a leading-space token of 3+ letters), a fixed list."""
-    found = []
-    for token in sorted(engine.tokenizer.hf.get_vocab()):
-        word = token[1:] if token[:1] in ("Ġ", "▁") else None
-        if word and len(word) >= 3 and word.isascii() and word.isalpha() and word.islower():
-            found.append(word)
-    return found[:: max(1, len(found) // limit)][:limit]
+def normalised(m: np.ndarray) -> np.ndarray:
+    total = m.sum(axis=-1, keepdims=True)
+    return m / np.where(total > 0, total, 1.0)
 
 
-def main(argv: Sequence[str] | None = None, *, engine_factory: Callable[[], Engine] | None = None) -> int:
+def corrected(reader: Reading, correction: str, idx: np.ndarray, order: str) -> np.ndarray:
+    """The batch ``idx``'s distributions under ``correction``, as the engine computes them."""
+    if correction == "raw":
+        return reader.q["marginal"][order][idx]
+    reading = "marginal" if correction == "auto" else "exact"
+    q = reader.q[reading][order][idx]
+    if correction == "batch":
+        return normalised(q / np.array(em_bias(q.tolist())))
+    return normalised(q / reader.cf[reading][order].mean(axis=0))
+
+
+def compositions(k: int, lean_to: int, least: int) -> dict[str, list[float]]:
+    out = {"balanced": [1.0 / k] * k}
+    for share in SHARES:
+        for where, label in (("leaned-to", lean_to), ("least-leaned", least)):
+            mix = [(1 - share) / (k - 1)] * k
+            mix[label] = share
+            out[f"{share:.0%} the {where} label"] = mix
+    return out
+
+
+def cell(reader: Reading, mix: list[float], size: int, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Each correction's metrics on draws of ``size`` documents of label mix ``mix`` (1024 documents in all)."""
+    rng = np.random.default_rng(seed)
+    k = len(reader.labels)
+    by_label = [np.flatnonzero(reader.gold == j) for j in range(k)]
+    both = "reversed" in reader.q["marginal"]
+    got: dict[str, dict[str, list[float]]] = {c: {} for c in CORRECTIONS}
+    share_error: dict[str, list[float]] = {}
+    for _ in range(max(4, 1024 // size)):
+        counts = rng.multinomial(size, mix)
+        idx = np.concatenate([rng.choice(by_label[j], c, replace=True) for j, c in enumerate(counts) if c])
+        truth = reader.gold[idx]
+        for c in CORRECTIONS:
+            post = corrected(reader, c, idx, "sorted")
+            chosen = post.argmax(axis=1)
+            names = [reader.labels[i] for i in chosen]
+            gold = [reader.labels[i] for i in truth]
+            metrics = classification_metrics(gold, names, labels=reader.labels)
+            ece, brier = calibration_scores(gold, reader.labels, post.max(axis=1).tolist(), names, post.tolist())
+            row = got[c]
+            row.setdefault("accuracy", []).append(metrics.accuracy)
+            row.setdefault("macro_f1", []).append(metrics.macro_f1)
+            row.setdefault("ece", []).append(ece or 0.0)
+            row.setdefault("brier", []).append(brier or 0.0)
+            if both:
+                back = corrected(reader, c, idx, "reversed").argmax(axis=1)
+                row.setdefault("agreement", []).append(float(np.mean(back == chosen)))
+            if c == "auto":
+                actual = np.bincount(truth, minlength=k) / len(truth)
+                for method in ("em", "mean", "count"):
+                    estimate = np.array(estimate_shares(post.tolist(), method=method, resamples=0)[0])
+                    share_error.setdefault(method, []).append(0.5 * float(np.abs(estimate - actual).sum()))
+    out = {c: {m: statistics.fmean(v) for m, v in got[c].items()} for c in CORRECTIONS}
+    out["shares"] = {m: statistics.fmean(v) for m, v in share_error.items()}
+    return out
+
+
+def measure(reader: Reading) -> list[tuple[str, int, dict]]:
+    lean = reader.cf["marginal"]["sorted"].mean(axis=0)
+    mixes = compositions(len(reader.labels), int(np.argmax(lean)), int(np.argmin(lean)))
+    return [(name, size, cell(reader, mix, size)) for name, mix in mixes.items() for size in SIZES]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bbc-docs", type=int, default=200)
-    parser.add_argument("--rt-docs", type=int, default=300)
+    parser.add_argument("--bbc-docs", type=int, default=240)
+    parser.add_argument("--rt-docs", type=int, default=320)
     parser.add_argument("--max-chars", type=int, default=600)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", default=None)
-    parser.add_argument(
-        "--readings", default=",".join(READINGS), help=f"comma-separated, from {', '.join(READINGS)} (default: both)"
-    )
     args = parser.parse_args(argv)
-    strategies = [s.strip() for s in args.readings.split(",") if s.strip()]
-    if not strategies or any(s not in READINGS for s in strategies):
-        parser.error(f"--readings: expected names from {list(READINGS)}, but got {args.readings!r}")
-    engine = engine_factory() if engine_factory else Engine.load(args.model, backend="torch")
+    engine = Engine.load(args.model, backend="torch")
     print(f"model: {args.model or 'default'}; backend torch; {versions()}")
-    print(f"first {args.max_chars} characters of each document; seed {args.seed}\n")
-    words = vocabulary_words(engine)
-    rows = []
+    print(f"first {args.max_chars} characters of each document; seed {args.seed}\n", flush=True)
+    readers = []
     for name, docs in (("bbc-news", args.bbc_docs), ("rotten-tomatoes", args.rt_docs)):
-        for strategy in strategies if docs else ():
-            rows += measure(engine, name, docs, args.max_chars, args.seed, words, strategy)
-            print(f"{name}: {docs} documents read ({strategy})", flush=True)
-    head = ("dataset", "correction", "accuracy", "macro-F1", "same answer, reversed order", "cost")
-    print("\n" + table(head, rows))
+        data = load_dataset(name, limit=docs, seed=args.seed)
+        field, description = DATASETS[name]
+        labels = sorted({d.label for d in data})
+        texts, gold = [d.text[: args.max_chars] for d in data], [d.label for d in data]
+        readers.append(read_model(engine, f"embedded model, {name}", field, description, labels, texts, gold))
+        print(f"read {name}: {len(texts)} documents", flush=True)
+    for name, (field, description, labels, docs) in easy_tasks(args.seed).items():
+        texts, gold = [t for t, _ in docs], [g for _, g in docs]
+        readers.append(read_model(engine, f"embedded model, easy: {name}", field, description, labels, texts, gold))
+        print(f"read easy task {name}: {len(texts)} sentences", flush=True)
+    readers += capable_readers()
+    cells = {r.name: measure(r) for r in readers}
+
+    rows = []
+    for reader in readers:
+        for mix, size, got in cells[reader.name]:
+            rows.append((reader.name, mix, size, *(f"{100 * got[c]['accuracy']:.1f}" for c in CORRECTIONS)))
+    print("\naccuracy (%) per batch composition and size\n")
+    print(table(("reader", "batch", "documents", *CORRECTIONS), rows))
+
+    rows = []
+    for reader in readers:
+        balanced = [got for mix, size, got in cells[reader.name] if mix == "balanced" and size == 64][0]
+        for c in CORRECTIONS:
+            m = balanced[c]
+            ms = reader.ms["marginal" if c in ("raw", "auto") else "exact"]
+            agree = f"{100 * m['agreement']:.1f}%" if "agreement" in m else "-"
+            rows.append((reader.name, c, f"{100 * m['accuracy']:.1f}%", f"{m['macro_f1']:.3f}", f"{m['ece']:.3f}",
+                         f"{m['brier']:.3f}", agree, f"{ms:.0f}" if ms else "-"))  # fmt: skip
+    print("\nbalanced batches of 64: every metric\n")
+    print(table(("reader", "correction", "accuracy", "macro-F1", "ECE", "Brier", "same answer, reversed order",
+                 "ms / doc"), rows))  # fmt: skip
+
+    rows = []
+    for reader in readers:
+        worst = {}
+        for mix, size, got in cells[reader.name]:
+            if mix == "balanced":
+                continue
+            for c in CORRECTIONS[1:]:
+                loss = 100 * (got[c]["accuracy"] - got["raw"]["accuracy"])
+                if c not in worst or loss < worst[c][0]:
+                    worst[c] = (loss, f"{mix}, {size}")
+        balanced = {c: statistics.fmean(100 * g[c]["accuracy"] for m, _, g in cells[reader.name] if m == "balanced")
+                    for c in CORRECTIONS}  # fmt: skip
+        rows.append((reader.name, *(f"{balanced[c]:.1f}" for c in CORRECTIONS),
+                     *(f"{worst[c][0]:+.1f} ({worst[c][1]})" for c in CORRECTIONS[1:])))  # fmt: skip
+    print("\nbalanced accuracy (mean over sizes), and each correction's worst change against raw on a skewed batch\n")
+    print(table(("reader", *(f"balanced: {c}" for c in CORRECTIONS), *(f"worst skewed: {c}" for c in
+                                                                        CORRECTIONS[1:])), rows))  # fmt: skip
+
+    rows = []
+    for reader in readers:
+        errors = {
+            m: statistics.fmean(g["shares"][m] for _, _, g in cells[reader.name]) for m in ("em", "mean", "count")
+        }
+        rows.append((reader.name, *(f"{100 * errors[m]:.1f}" for m in ("em", "mean", "count"))))
+    print(
+        "\nlabel shares: mean error (total variation, points) of each estimator on the auto-corrected distributions\n"
+    )
+    print(table(("reader", "em", "mean", "count"), rows))
     return 0
 
 

@@ -244,28 +244,49 @@ def evaluate(
             started = time.perf_counter()
             outs = engine.extract_many(chunk, schema, **options)  # one pass per wave for the chunk
             each = (time.perf_counter() - started) * 1000 / len(chunk)
-            times[name] += [each] * len(chunk)
-            preds[name] += [str(out.values[field]) for out in outs]
-            probabilities[name] += [float(out.fields[field].probability or 0.0) for out in outs]
-            distributions[name] += [_distribution(out.fields[field], spec) for out in outs]
-            if name == "pcd":
+            rows = [_distribution(out.fields[field], spec) for out in outs]
+            chosen = [(out.values[field], float(out.fields[field].probability or 0.0)) for out in outs]
+            _record(name, spec, rows, each, preds, times, probabilities, distributions, chosen=chosen)
+            if name == "pcd":  # the model's own distributions of the same pass, beside the corrected ones
                 decided += outs
-                own = [out.fields[field].raw_distribution or _distribution(out.fields[field], spec) for out in outs]
-                times[OWN] += [each] * len(chunk)
-                preds[OWN] += [str(spec.values[max(range(len(d)), key=lambda i: (d[i], -i))]) for d in own]
-                probabilities[OWN] += [max(d) for d in own]
-                distributions[OWN] += own
-        for text in chunk:
-            for method in against:
-                result = BASELINES[method](engine, text, schema)
-                times[method].append(result.ms)
-                value = (result.values or {}).get(field, INVALID)
-                preds[method].append(str(value) if schema.field(field).allows(value) else INVALID)
+                own = [out.fields[field].raw_distribution or row for out, row in zip(outs, rows, strict=True)]
+                _record(OWN, spec, own, each, preds, times, probabilities, distributions)
+        _run_baselines(engine, chunk, schema, field, against, preds, times)
     if not any(out.fields[field].raw_distribution for out in decided):  # nothing corrected: the same row twice
         methods = tuple(m for m in methods if m != OWN)
     report = _report(docs, spec, methods, preds, times, probabilities, distributions)
     shares = label_shares(decided, schema, fields=[field])[field] if spec.scored and len(spec.labels) > 1 else None
     return dataclasses.replace(report, shares=shares)
+
+
+def _run_baselines(
+    engine: Engine, chunk: Sequence[str], schema: Schema, field: str, against: Sequence[str],
+    preds: dict[str, list[str]], times: dict[str, list[float]],
+) -> None:  # fmt: skip
+    """Each baseline of ``against`` on each text of ``chunk``, one document at a time: its decision of ``field``
+    (:data:`INVALID` where it gave no allowed value) and its time."""
+    for text in chunk:
+        for method in against:
+            result = BASELINES[method](engine, text, schema)
+            times[method].append(result.ms)
+            value = (result.values or {}).get(field, INVALID)
+            preds[method].append(str(value) if schema.field(field).allows(value) else INVALID)
+
+
+def _record(
+    name: str, spec: FieldSpec, rows: Sequence[tuple[float, ...]], each_ms: float, preds: dict[str, list[str]],
+    times: dict[str, list[float]], probabilities: dict[str, list[float]],
+    distributions: dict[str, list[tuple[float, ...]]], *, chosen: Sequence[tuple[Any, float]] | None = None,
+) -> None:  # fmt: skip
+    """Method ``name``'s decisions: ``chosen`` (each document's value and its probability), else each
+    distribution's argmax (the lowest index on a tie)."""
+    for i, row in enumerate(rows):
+        best = max(range(len(row)), key=lambda j: (row[j], -j))
+        value, probability = chosen[i] if chosen is not None else (spec.values[best], row[best])
+        preds[name].append(str(value))
+        probabilities[name].append(float(probability))
+        distributions[name].append(tuple(row))
+        times[name].append(each_ms)
 
 
 def _distribution(result: Any, spec: FieldSpec) -> tuple[float, ...]:

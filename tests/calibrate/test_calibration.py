@@ -315,7 +315,8 @@ def test_pcd_eval_calibrate_reports_transductive_and_inductive(tiny_folder, tmp_
     assert "transductive fitted on the 4 evaluated texts" in out and "inductive on 4 other documents" in out
     data = json.loads(report.read_text())["report"]
     methods = [m["method"] for m in data["methods"]]
-    assert methods == ["pcd", "pcd calibrated (transductive)", "pcd calibrated (inductive)"]
+    own = "pcd, the model's own (same pass)"  # pcd's default corrects the field: the model's reading beside it
+    assert methods == ["pcd", own, "pcd calibrated (transductive)", "pcd calibrated (inductive)"]
     assert "accuracy-coverage" in out and "pcd calibrated (inductive): coverage / accuracy" in out
     for m in data["methods"]:
         assert len(m["probabilities"]) == 4 and m["accuracy_coverage"][0]["coverage"] == 1.0

@@ -10,6 +10,7 @@ import pytest
 from pcd_engine import Engine, LimitError
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.lru import LRU
+from pcd_engine.run.batch import open_lean
 from pcd_engine.run.budget import PassBudget, largest
 from pcd_engine.run.request import Request
 from pcd_engine.schema import compile_schema
@@ -92,7 +93,8 @@ def test_request_steps_equal_extract(smol_tokenizer):
     engine = Engine(backend)
     schema = compile_schema(example_preset("support_triage").schema)
     whole = engine.extract(TEXT, schema)
-    request = Request.open(engine, schema, engine.resolve(), TEXT)
+    call = engine.resolve()
+    request = Request.open(engine, schema, call, TEXT, lean=lambda: open_lean(engine, schema, call))
     assert len(request.waves) == whole.stats.waves
     for index in range(len(request.waves)):
         request.decide_wave(index)

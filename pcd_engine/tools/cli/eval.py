@@ -92,16 +92,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         ],
     )
     if report.shares is not None:
-        shares = report.shares
-        print(f"\nlabel shares of {shares.field!r} among the {shares.documents} documents (pcd's estimate, EM)\n")
-        show_table(
-            ("label", "gold share", "estimated share", "95% interval"),
-            [
-                (label, f"{report.gold.count(str(label)) / len(report.gold):.1%}", f"{share:.1%}",
-                 f"{low:.1%} - {high:.1%}")
-                for label, share, low, high in zip(shares.labels, shares.shares, shares.low, shares.high, strict=True)
-            ],  # fmt: skip
-        )
+        _show_shares(report.shares, report.gold)
     curves = [(m.method, report.coverage(m)) for m in report.methods if m.probabilities]
     print("\naccuracy-coverage: answering only where the probability reaches min_probability\n")
     show_table(
@@ -129,6 +120,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         title = f"{args.model} ({engine.backend.name}) on {dataset_name(args.dataset)}, field {args.field!r}"
         print(f"\nplot: {plot_eval(report, args.plot, title=title)}")
     return 0
+
+
+def _show_shares(shares: Any, gold: list[str]) -> None:
+    """Print pcd's estimate of the evaluated documents' label mix beside the gold mix."""
+    print(f"\nlabel shares of {shares.field!r} among the {shares.documents} documents (pcd's estimate, EM)\n")
+    show_table(
+        ("label", "gold share", "estimated share", "95% interval"),
+        [
+            (label, f"{gold.count(str(label)) / len(gold):.1%}", f"{share:.1%}", f"{low:.1%} - {high:.1%}")
+            for label, share, low, high in zip(shares.labels, shares.shares, shares.low, shares.high, strict=True)
+        ],
+    )
 
 
 def _eval_calibrations(
