@@ -27,7 +27,7 @@ import numpy as np
 from pcd_engine.errors import OptionError
 from pcd_engine.schema import FieldSpec, Schema, compile_schema
 
-__all__ = ["SHARE_METHODS", "LabelShares", "estimate_shares", "label_shares"]
+__all__ = ["SHARE_METHODS", "LabelShares", "estimate_shares", "label_shares", "value_shares"]
 
 SHARE_METHODS = ("em", "mean", "count")
 """How shares are estimated (see the module docstring)."""
@@ -136,6 +136,20 @@ def estimate_shares(
     return tuple(map(float, point)), tuple(map(float, low)), tuple(map(float, high))
 
 
+def _closed_fields(schema: Any, fields: Sequence[str] | None) -> list[FieldSpec]:
+    """The closed fields of several labels named by ``fields`` (default: all of them), each checked."""
+    compiled: Schema = compile_schema(schema)
+    closed = {s.name: s for s in compiled.fields if s.scored and len(s.labels) > 1}
+    names = list(closed) if fields is None else list(fields)
+    for name in names:
+        if name not in closed:
+            raise OptionError(
+                f"Label shares: expected a closed field of several labels of {compiled.title!r} "
+                f"({list(closed)}), but got {name!r}."
+            )
+    return [closed[name] for name in names]
+
+
 def label_shares(
     results: Sequence[Any], schema: Any, *, method: str = "em", fields: Sequence[str] | None = None
 ) -> dict[str, LabelShares]:
@@ -155,37 +169,75 @@ def label_shares(
         OptionError: If a named field is not a closed field of several labels, no result is left, or the method
             is unknown.
     """
-    compiled: Schema = compile_schema(schema)
-    closed = {s.name: s for s in compiled.fields if s.scored and len(s.labels) > 1}
-    names = list(closed) if fields is None else list(fields)
-    for name in names:
-        if name not in closed:
-            raise OptionError(
-                f"Label shares: expected a closed field of several labels of {compiled.title!r} "
-                f"({list(closed)}), but got {name!r}."
-            )
+    specs = _closed_fields(schema, fields)
     done = [r for r in results if not isinstance(r, BaseException)]
     if not done:
         raise OptionError("Label shares: expected at least one decided document, but got none.")
-    return {name: _field_shares(closed[name], done, method) for name in names}
+    return {spec.name: _field_shares(spec, [_field(r, spec.name) for r in done], method) for spec in specs}
 
 
-def _field_shares(spec: FieldSpec, results: Sequence[Any], method: str) -> LabelShares:
+@dataclass(frozen=True)
+class _Decided:
+    """A decided value with no distribution (a row of a tag table): a one-hot distribution."""
+
+    value: Any
+    labels: tuple[Any, ...]
+    label_distribution: None = None
+
+    @property
+    def label_probabilities(self) -> dict[Any, float]:
+        chosen = self.value if isinstance(self.value, list) else [self.value]
+        return {v: 1.0 if v in chosen else 0.0 for v in self.labels}
+
+
+def value_shares(
+    values: Sequence[Mapping[str, Any] | None], schema: Any, *, fields: Sequence[str] | None = None
+) -> dict[str, LabelShares]:
+    """Each closed field's label shares among documents known by their decided values only (the rows of a tag
+    table, where no distribution is kept): the share of documents each label is the answer of (``"count"``),
+    with its bootstrap interval.
+
+    Args:
+        values: One mapping of field to value per document (:attr:`~pcd_engine.result.ExtractionResult.values`,
+            or :func:`~pcd_engine.tools.tag_table.row_values`); ``None`` for a document that failed (skipped).
+        schema: The schema they were decided with.
+        fields: The fields to estimate (default: every closed field of several labels).
+
+    Returns:
+        Field name to its :class:`LabelShares` (method ``"count"``), in schema order; empty when no document
+        was decided.
+
+    Raises:
+        OptionError: If a named field is not a closed field of several labels.
+    """
+    specs = _closed_fields(schema, fields)
+    done = [v for v in values if v is not None]
+    if not done:
+        return {}
+    out = {}
+    for spec in specs:
+        labels = tuple(label.value for label in spec.labels)
+        out[spec.name] = _field_shares(spec, [_Decided(v.get(spec.name), labels) for v in done], "count")
+    return out
+
+
+def _field_shares(spec: FieldSpec, decided: Sequence[Any], method: str) -> LabelShares:
+    """``spec``'s shares among the documents whose field results (or :class:`_Decided` values) are ``decided``."""
     labels = tuple(label.value for label in spec.labels)
     if spec.kind == "multi":  # each label on its own: its share of "yes"
         shares, low, high = [], [], []
         for value in labels:
-            yes = [float(_field(r, spec.name).label_probabilities[value]) for r in results]
+            yes = [float(f.label_probabilities[value]) for f in decided]
             s, lo, hi = estimate_shares([[p, 1.0 - p] for p in yes], method=method)
             shares.append(s[0])
             low.append(lo[0])
             high.append(hi[0])
         point: Mapping[str, tuple[float, ...]] = {"s": tuple(shares), "l": tuple(low), "h": tuple(high)}
     else:
-        rows = [_distribution(_field(r, spec.name), labels) for r in results]
+        rows = [_distribution(f, labels) for f in decided]
         s, lo, hi = estimate_shares(rows, method=method)
         point = {"s": s, "l": lo, "h": hi}
-    return LabelShares(spec.name, labels, point["s"], point["l"], point["h"], len(results), method)
+    return LabelShares(spec.name, labels, point["s"], point["l"], point["h"], len(decided), method)
 
 
 def _field(result: Any, name: str) -> Any:

@@ -25,10 +25,11 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine.calibrate.shares import LabelShares, value_shares
 from pcd_engine.errors import (
     BackendUnavailableError,
     ContextError,
@@ -41,7 +42,7 @@ from pcd_engine.run.admission import check_text
 from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.corpus import CorpusDocument, check_unique, read_corpus
 from pcd_engine.tools.tag_output import TagOutput, job_identity, output_path
-from pcd_engine.tools.tag_table import ERROR_COLUMN, tag_columns, tag_table
+from pcd_engine.tools.tag_table import ERROR_COLUMN, row_values, tag_columns, tag_table
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -79,6 +80,9 @@ class TagSummary:
         errors: Error rows in the output.
         dropped: Rows of an earlier output whose ids are no longer in the input (not kept).
         seconds: Wall time of this run's tagging.
+        shares: Each closed field's label shares among the output's decided rows (all of them, earlier runs'
+            included): the share of rows each label is the value of, with a 95% bootstrap interval
+            (:func:`~pcd_engine.calibrate.shares.value_shares`; the table keeps no distributions to run EM on).
     """
 
     output: Path
@@ -88,6 +92,7 @@ class TagSummary:
     errors: int
     dropped: int
     seconds: float
+    shares: Mapping[str, LabelShares] = field(default_factory=dict)
 
     @property
     def documents_per_second(self) -> float:
@@ -251,7 +256,16 @@ def run_tag_job(
         lock.release()
         Path(lock.lock_file).unlink(missing_ok=True)
     errors = final.num_rows - final.column(ERROR_COLUMN).null_count
-    return TagSummary(path, len(docs), tagged, skipped, errors, dropped, seconds)
+    return TagSummary(path, len(docs), tagged, skipped, errors, dropped, seconds, shares=_table_shares(schema, final))
+
+
+def _table_shares(schema: Schema, table: Any) -> dict[str, LabelShares]:
+    """The closed fields' label shares among a tag table's decided rows."""
+    names = [s.name for s in schema.fields if s.scored and len(s.labels) > 1]
+    if not names:
+        return {}
+    rows = table.select([*(s.name for s in schema.fields), ERROR_COLUMN]).to_pylist()
+    return value_shares([row_values(schema, row) for row in rows], schema, fields=names)
 
 
 def tag_corpus(

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pcd_engine import label_shares
-from pcd_engine.calibrate.shares import estimate_shares
+from pcd_engine.calibrate.shares import estimate_shares, value_shares
 from pcd_engine.errors import OptionError
 from tests.calibrate.test_calibration import SCHEMA
 from tests.calibrate.test_correction import engine, texts
@@ -80,6 +80,40 @@ def test_label_shares_of_a_batch_on_the_engine(smol_tokenizer):
     yes = [o.fields["tags"].label_probabilities[tags.labels[0]] for o in outs]
     assert tags.shares[0] == pytest.approx(estimate_shares([[p, 1 - p] for p in yes])[0][0])
     assert shares["carrier"].to_json()["labels"][0]["value"] == shares["carrier"].labels[0]
+
+
+def test_value_shares_count_the_decided_values():
+    values = [
+        {"urgent": True, "deadline": "1_HOUR", "carrier": None, "tags": ["billing"]},
+        {"urgent": False, "deadline": "1_HOUR", "carrier": "dhl", "tags": ["billing", "broken"]},
+        None,  # a failed document: skipped
+        {"urgent": True, "deadline": "NONE", "carrier": "dhl", "tags": ["shipping"]},
+        {"urgent": True, "deadline": "1_WEEK", "carrier": "ups", "tags": ["billing"]},
+    ]
+    shares = value_shares(values, SCHEMA)
+    assert list(shares) == ["urgent", "deadline", "carrier", "tags"]
+    assert all(s.documents == 4 and s.method == "count" for s in shares.values())
+    deadline = shares["deadline"]
+    assert dict(zip(deadline.labels, deadline.shares)) == {"1_HOUR": 0.5, "12_HOURS": 0, "1_WEEK": 0.25, "NONE": 0.25}
+    one_hot = [[float(v["deadline"] == label) for label in deadline.labels] for v in values if v is not None]
+    assert (deadline.low, deadline.high) == estimate_shares(one_hot, method="count")[1:]
+    carrier = shares["carrier"]
+    assert dict(zip(carrier.labels, carrier.shares)) == {"dhl": 0.5, "ups": 0.25, None: 0.25}
+    tags = shares["tags"]  # each label on its own: the share of documents it is among the answers of
+    assert dict(zip(tags.labels, tags.shares)) == {"billing": 0.75, "shipping": 0.25, "broken": 0.25}
+    assert list(value_shares(values, SCHEMA, fields=["urgent"])) == ["urgent"]
+    assert value_shares([None, None], SCHEMA) == {}
+    with pytest.raises(OptionError, match="expected a closed field of several labels.*but got 'note'"):
+        value_shares(values, SCHEMA, fields=["note"])
+
+
+def test_value_shares_of_results_equal_their_count_shares(smol_tokenizer):
+    eng = engine(smol_tokenizer, anchor=False)
+    outs = eng.extract_many(texts(12, seed=5), SCHEMA)
+    fields = ["urgent", "deadline", "carrier"]  # one label each: the decided value is the distribution's argmax
+    assert value_shares([o.values for o in outs], SCHEMA, fields=fields) == label_shares(
+        outs, SCHEMA, method="count", fields=fields
+    )
 
 
 def test_bad_input_is_refused_with_a_typed_error(smol_tokenizer):

@@ -219,6 +219,18 @@ def test_tag_corpus_equals_extract_one_document_at_a_time(engine, tmp_path):
     assert_rows_match(got[:23], expected)
     assert got[23]["id"] == "23" and "document '23'" in got[23]["error"] and got[23]["topic"] is None
     assert got[24]["error"].startswith("InputError: expected text in column 'text'")
+    assert_shares_count_the_rows(summary.shares, got)
+
+
+def assert_shares_count_the_rows(shares, rows) -> None:
+    """A summary's label shares are each closed field's share of the decided rows, with an interval around it."""
+    decided = [r for r in rows if r["error"] is None]
+    assert list(shares) == ["topic", "urgent"]
+    for name, got in shares.items():
+        assert got.documents == len(decided) and got.method == "count"
+        for label, share, low, high in zip(got.labels, got.shares, got.low, got.high, strict=True):
+            assert share == pytest.approx(sum(r[name] == label for r in decided) / len(decided))
+            assert low <= share <= high
 
 
 class Interrupt(Exception):
@@ -250,6 +262,7 @@ def test_an_interrupted_job_resumes_where_it_stopped_and_a_grown_input_adds_only
     done = []
     summary = run_tag_job(docs, schema, out, identity=identity, runner=runner, on_part=done.append, quiet=True)
     assert (summary.skipped, summary.tagged, sum(done)) == (12, 18, 18)
+    assert_shares_count_the_rows(summary.shares, pq.read_table(out).to_pylist())  # the earlier run's rows too
     assert pq.read_table(out).to_pylist() == pq.read_table(whole).to_pylist()
     # The input grows (and loses one document): only the new ones are tagged, in input order.
     grown = docs[1:] + [CorpusDocument(f"d{i}", t) for i, t in enumerate(texts(34)[30:], start=30)]
@@ -343,6 +356,8 @@ def test_pcd_tag_writes_the_table_and_a_rerun_has_nothing_left(capsys, tiny, eng
     code, stdout, err = run_cli(capsys, *argv)
     assert code == 0, err
     assert "10 documents (10 tagged now" in stdout and "0 error rows" in stdout
+    assert "label shares of 'topic' among 10 rows (95% interval): sport: " in stdout, stdout
+    assert "label shares of 'urgent' among 10 rows" in stdout and "summary" not in stdout.split("rows")[-1]
     expected = {f"n{i}": engine.extract(t, SCHEMA, **OPTIONS) for i, t in enumerate(texts(10))}
     assert_rows_match(pq.read_table(out).to_pylist(), expected)
     code, stdout, _ = run_cli(capsys, *argv)

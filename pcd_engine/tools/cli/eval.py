@@ -122,7 +122,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_shares(shares: Any, gold: list[str]) -> None:
+def _show_shares(shares: Any, gold: Sequence[str]) -> None:
     """Print pcd's estimate of the evaluated documents' label mix beside the gold mix."""
     print(f"\nlabel shares of {shares.field!r} among the {shares.documents} documents (pcd's estimate, EM)\n")
     show_table(

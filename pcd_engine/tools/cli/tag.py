@@ -123,6 +123,12 @@ def cmd_tag(args: argparse.Namespace) -> int:
         f"{rate}, {summary.skipped} already done), {summary.errors} error rows"
         + (f"; {summary.dropped} rows of ids no longer in the input dropped" if summary.dropped else "")
     )
+    for shares in summary.shares.values():
+        mix = ", ".join(
+            f"{label}: {share:.0%} ({low:.0%}-{high:.0%})"
+            for label, share, low, high in zip(shares.labels, shares.shares, shares.low, shares.high, strict=True)
+        )
+        print(f"label shares of {shares.field!r} among {shares.documents} rows (95% interval): {mix}")
     return 0
 
 
