@@ -22,7 +22,10 @@ the engine to these formulas on an oracle model):
 * **raw**: the model's own distribution (marginal reading);
 * **auto** (the default): the content-free lean divided out of the marginal reading, per document;
 * **content_free**: the same on the exact reading;
-* **batch**: the batch's EM lean (corrected shares made uniform) divided out of the exact reading.
+* **batch**: the batch's EM lean (corrected shares made uniform) divided out of the exact reading;
+* **oracle** (readers with a planted lean only, in a table of their own): the planted lean itself divided out, the
+  reader as it is without its lean. No correction that is the same for every batch can do better on a batch whose
+  majority the lean happens to favour.
 
 Reported: accuracy, macro-F1, expected calibration error, Brier score, the share of documents with the same answer
 under both label orders (model readers), ms per document of the reading; the worst loss against raw over the skewed
@@ -112,6 +115,7 @@ class Reading:
         self.q: dict[str, dict[str, np.ndarray]] = {}
         self.cf: dict[str, dict[str, np.ndarray]] = {}
         self.ms: dict[str, float] = {}
+        self.lean: np.ndarray | None = None  # a planted lean, when it is known (the capable readers)
 
 
 def read_model(engine: Engine, name: str, field: str, description: str, labels: list[str], texts: list[str],
@@ -164,6 +168,7 @@ def capable_readers(seed: int = 1) -> list[Reading]:
         for lean_name, lean in (("mild lean", [2.0, 1, 1, 1, 1]), ("strong lean", [8.0, 3, 1, 1, 0.5])):
             b = np.array(lean) / sum(lean)
             reader = Reading(f"{model_name}, {lean_name}", labels, gold[half:])
+            reader.lean = b
             planted = (p * b) / (p * b).sum(axis=1, keepdims=True)
             cf_planted = (cf * b) / (cf * b).sum(axis=1, keepdims=True)
             for reading in ("marginal", "exact"):
@@ -179,6 +184,7 @@ def capable_readers(seed: int = 1) -> list[Reading]:
         rows[i] = np.insert(rng.dirichlet(np.ones(len(labels) - 1)) * (1 - confidence[i]), said, confidence[i])
     b = np.array([1.5, 1, 1, 1, 1]) / 5.5
     synthetic = Reading("synthetic 99% reader, x1.5 lean", labels, gold[half:])
+    synthetic.lean = b
     for reading in ("marginal", "exact"):
         synthetic.q[reading] = {"sorted": (rows * b) / (rows * b).sum(axis=1, keepdims=True)}
         synthetic.cf[reading] = {"sorted": np.tile(b, (3, 1))}
@@ -195,6 +201,9 @@ def corrected(reader: Reading, correction: str, idx: np.ndarray, order: str) -> 
     """The batch ``idx``'s distributions under ``correction``, as the engine computes them."""
     if correction == "raw":
         return reader.q["marginal"][order][idx]
+    if correction == "oracle":  # the planted lean itself divided out: the reader as it is without it
+        assert reader.lean is not None
+        return normalised(reader.q["marginal"][order][idx] / reader.lean)
     reading = "marginal" if correction == "auto" else "exact"
     q = reader.q[reading][order][idx]
     if correction == "batch":
@@ -218,13 +227,14 @@ def cell(reader: Reading, mix: list[float], size: int, seed: int = 0) -> dict[st
     k = len(reader.labels)
     by_label = [np.flatnonzero(reader.gold == j) for j in range(k)]
     both = "reversed" in reader.q["marginal"]
-    got: dict[str, dict[str, list[float]]] = {c: {} for c in CORRECTIONS}
+    corrections = (*CORRECTIONS, "oracle") if reader.lean is not None else CORRECTIONS
+    got: dict[str, dict[str, list[float]]] = {c: {} for c in corrections}
     share_error: dict[str, list[float]] = {}
     for _ in range(max(4, 1024 // size)):
         counts = rng.multinomial(size, mix)
         idx = np.concatenate([rng.choice(by_label[j], c, replace=True) for j, c in enumerate(counts) if c])
         truth = reader.gold[idx]
-        for c in CORRECTIONS:
+        for c in corrections:
             post = corrected(reader, c, idx, "sorted")
             chosen = post.argmax(axis=1)
             names = [reader.labels[i] for i in chosen]
@@ -244,7 +254,7 @@ def cell(reader: Reading, mix: list[float], size: int, seed: int = 0) -> dict[st
                 for method in ("em", "mean", "count"):
                     estimate = np.array(estimate_shares(post.tolist(), method=method, resamples=0)[0])
                     share_error.setdefault(method, []).append(0.5 * float(np.abs(estimate - actual).sum()))
-    out = {c: {m: statistics.fmean(v) for m, v in got[c].items()} for c in CORRECTIONS}
+    out = {c: {m: statistics.fmean(v) for m, v in got[c].items()} for c in corrections}
     out["shares"] = {m: statistics.fmean(v) for m, v in share_error.items()}
     return out
 
@@ -318,6 +328,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\nbalanced accuracy (mean over sizes), and each correction's worst change against raw on a skewed batch\n")
     print(table(("reader", *(f"balanced: {c}" for c in CORRECTIONS), *(f"worst skewed: {c}" for c in
                                                                         CORRECTIONS[1:])), rows))  # fmt: skip
+
+    rows = []
+    for reader in (r for r in readers if r.lean is not None):
+        skewed = [(mix, size, got) for mix, size, got in cells[reader.name] if mix != "balanced"]
+        worst = {}
+        for c in ("auto", "oracle"):
+            mix, size, got = min(skewed, key=lambda cell, c=c: cell[2][c]["accuracy"] - cell[2]["raw"]["accuracy"])
+            worst[c] = f"{100 * (got[c]['accuracy'] - got['raw']['accuracy']):+.1f} ({mix}, {size})"
+        gap = max(100 * (got["oracle"]["accuracy"] - got["auto"]["accuracy"]) for _, _, got in skewed)
+        rows.append((reader.name, worst["auto"], worst["oracle"], f"{gap:.1f}"))
+    print(
+        "\nreaders with a known planted lean: the worst skewed change against raw of auto and of the planted lean "
+        "itself divided out (oracle: the reader without its lean), and auto's largest shortfall against the oracle\n"
+    )
+    print(table(("reader", "worst skewed: auto", "worst skewed: oracle", "auto below oracle, at most"), rows))
 
     rows = []
     for reader in readers:

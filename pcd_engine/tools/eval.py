@@ -30,6 +30,7 @@ __all__ = [
     "MethodScore",
     "accuracy_coverage",
     "calibration_scores",
+    "eval_chunk_size",
     "eval_schema",
     "evaluate",
     "parse_corrections",
@@ -233,7 +234,7 @@ def evaluate(
     engine.extract(docs[0].text[:max_chars], schema, **extract_options)  # prefill the head before timing
     # chunks as large as a batch correction's window: pcd's own row (the default "auto") and the corrected ones
     # decide each chunk as one extract_many, as a user's batch call would
-    size = max(engine.batch_size(), CORRECTION_WINDOW)
+    size = eval_chunk_size(engine)
     runs = {"pcd": extract_options, **{name: {**extract_options, "calibration": c} for name, c in calibrated.items()}}
     runs.update({name: {**extract_options, "correction": c} for name, c in corrected.items()})
     for first in range(0, len(docs), size):
@@ -257,6 +258,12 @@ def evaluate(
     report = _report(docs, spec, methods, preds, times, probabilities, distributions)
     shares = label_shares(decided, schema, fields=[field])[field] if spec.scored and len(spec.labels) > 1 else None
     return dataclasses.replace(report, shares=shares)
+
+
+def eval_chunk_size(engine: Engine) -> int:
+    """How many documents :func:`evaluate` decides in one ``extract_many`` call (one step of its progress):
+    at least a batch correction's window, so each chunk is corrected as a user's batch of that size would be."""
+    return max(engine.batch_size(), CORRECTION_WINDOW)
 
 
 def _run_baselines(

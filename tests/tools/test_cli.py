@@ -370,6 +370,31 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
     assert_one_line_error(code, err, "--field", "tone")
 
 
+def test_eval_progress_has_one_step_per_chunk_it_decides(capsys, tiny, tmp_path, monkeypatch):
+    """The bar's total is the number of chunks evaluate ticks (not of documents), each named by its documents."""
+    from contextlib import contextmanager
+
+    import pcd_engine.tools.eval as evaluation
+    from pcd_engine.tools.cli import eval as cli_eval
+
+    monkeypatch.setattr(evaluation, "CORRECTION_WINDOW", 8)  # chunks of 8 (the tiny engine's batches are smaller)
+    seen: dict = {"ticks": []}
+    real = cli_eval.progress
+
+    @contextmanager
+    def recording(total, **options):
+        seen["total"] = total
+        with real(total, **options) as tick:
+            yield lambda name: (seen["ticks"].append(name), tick(name))
+
+    monkeypatch.setattr(cli_eval, "progress", recording)
+    data = write_jsonl(tmp_path / "d.jsonl", DOCS * 3)
+    code, out, _ = run(capsys, "eval", tiny, str(data), "--field", "topic", "--backend", "torch", "-q")
+    assert code == 0, out
+    assert seen["ticks"] == ["documents 1-8/18", "documents 9-16/18", "documents 17-18/18"]
+    assert seen["total"] == 3
+
+
 def test_eval_corrections_are_methods_equal_to_extract_many_with_each(capsys, tiny, tmp_path):
     """--corrections all adds one row per correction; each row's predictions are extract_many with that correction
     on the whole sample (one batch of 18: the batch lean is estimated on all of them)."""

@@ -55,7 +55,7 @@ def add(sub: Any) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     from pcd_engine.tools.comparators import parse_against
     from pcd_engine.tools.datasets import load_dataset
-    from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, eval_schema, evaluate, parse_corrections
+    from pcd_engine.tools.eval import COVERAGE_THRESHOLDS, eval_chunk_size, eval_schema, evaluate, parse_corrections
 
     against = parse_against(args.against)
     if args.calibrate and args.calibration:
@@ -66,7 +66,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     options = common.extract_options(args).set_fields()
     engine = common.load_engine(args)
     calibrations, fitted = _eval_calibrations(args, engine, docs, schema, options)
-    with progress(len(docs), quiet=args.quiet, unit="doc") as tick:
+    # one step per chunk of documents decided together (the step's name says which documents)
+    with progress(-(-len(docs) // eval_chunk_size(engine)), quiet=args.quiet, unit="chunk") as tick:
         report = evaluate(
             engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick,
             calibrations=calibrations, corrections=parse_corrections(args.corrections), **options,
