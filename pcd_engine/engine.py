@@ -33,7 +33,7 @@ from pcd_engine.backends import select_backend
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
 from pcd_engine.calibrate.correction import CORRECTION_WINDOW
 from pcd_engine.decide.staging import PassCost, measure_pass_cost
-from pcd_engine.errors import OptionError
+from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.lru import LRU
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
@@ -293,13 +293,18 @@ class Engine:
             One result per text, in order (or the exception of a failed document, with ``return_exceptions``).
 
         Raises:
-            ContextError: If a text is empty or not valid Unicode (all are checked before any model work, unless
-                ``return_exceptions``).
+            ContextError: If ``texts`` is a single string, or a text is empty or not valid Unicode (all are checked
+                before any model work, unless ``return_exceptions``).
             OptionError: If an option or ``batch_size`` is out of range.
             SchemaError: If the schema has a field pcd cannot decide.
             PCDError: The first failing document's error, unless ``return_exceptions``.
         """
         started = time.perf_counter()
+        if isinstance(texts, (str, bytes)):  # iterating it would decide one document per character
+            raise ContextError(
+                f"extract_many texts: expected a list (or other iterable) of texts, but got a single "
+                f"{type(texts).__name__} of length {len(texts)}; pass [text], or call extract(text, ...)."
+            )
         compiled = compile_schema(schema)
         call = self.resolve(options, **knobs)
         size = self.batch_size(batch_size)

@@ -389,8 +389,8 @@ def generated_result(
     """A generated field's result; a cut or invalid value adds a warning."""
     if generated.truncated:
         limit = spec.max_tokens or default_limit
-        what = "closed where it was cut" if generated.valid else "could not be completed and is null"
-        warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; it was {what}.")
+        what = "it was closed where it was cut" if generated.valid else "it could not be completed and is null"
+        warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; {what}.")
     elif not generated.valid:
         warnings.append(f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is null.")
     return FieldResult(

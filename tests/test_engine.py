@@ -108,6 +108,16 @@ def test_extract_many_checks_every_text_first(engine):
     assert engine.backend.forward_passes == before
 
 
+def test_extract_many_refuses_a_single_string(engine):
+    """A string is iterable: taken as the texts, it would be one document per character."""
+    before = engine.backend.forward_passes
+    for texts in (TEXT, TEXT.encode()):
+        with pytest.raises(ContextError, match=rf"expected a list .* but got a single {type(texts).__name__} of "):
+            engine.extract_many(texts, Ticket)
+    assert engine.backend.forward_passes == before
+    assert len(engine.extract_many((t for t in [TEXT]), Ticket)) == 1  # any other iterable of texts is taken
+
+
 def test_context_longer_than_window(engine):
     long_text = "word " * 5000
     with pytest.raises(ContextError, match=r"window of 4096 tokens, but it needs \d+ tokens"):
@@ -303,7 +313,8 @@ def test_cut_values_are_closed_or_null_and_flagged(engine):
     note, person = out.fields["note"], out.fields["who"]
     assert note.truncated and isinstance(note.value, str) and out.schema.field("note").allows(note.value)
     assert person.truncated and person.value is None and person.tokens <= 4
-    assert any("'who'" in w and "could not be completed and is null" in w for w in out.warnings)
+    assert any("'who'" in w and "tokens; it could not be completed and is null." in w for w in out.warnings)
+    assert any("'note'" in w and "tokens; it was closed where it was cut." in w for w in out.warnings)
     assert {f.name for f in out.low_confidence()} == {"note", "who"}
 
 

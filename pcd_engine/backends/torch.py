@@ -124,20 +124,31 @@ class TorchBackend(Backend):
             if not isinstance(torch_dtype, torch.dtype):
                 raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
         try:
-            config = AutoConfig.from_pretrained(path)
+            config = AutoConfig.from_pretrained(path, trust_remote_code=False)  # never run a folder's code
             softcap = getattr(config.get_text_config(), "attn_logit_softcapping", None)
             kernel = "eager" if softcap else "sdpa"
             try:
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation=kernel)
+                model = AutoModelForCausalLM.from_pretrained(
+                    path, dtype=torch_dtype, attn_implementation=kernel, trust_remote_code=False
+                )
             except ValueError as exc:  # e.g. gpt-oss (attention sinks): transformers has no SDPA path for it
                 if kernel != "sdpa" or "scaled_dot_product_attention" not in str(exc):
                     raise
-                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="eager")
-            tokenizer = AutoTokenizer.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(
+                    path, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False
+                )
+            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         except OSError as exc:
             raise ModelLoadError(
                 f"Model {path!r}: expected a local model folder or a repo id in the local Hugging Face cache, but "
                 f"loading failed: {str(exc).splitlines()[0]}"
+            ) from exc
+        except ValueError as exc:
+            if "trust_remote_code" not in str(exc):
+                raise
+            raise ModelLoadError(
+                f"Model {path!r}: expected a model transformers implements itself, but the folder names its own "
+                "Python code, which pcd never runs."
             ) from exc
         loaded: Any = model
         return cls(loaded.to(device), tokenizer, scorer=scorer)

@@ -227,8 +227,10 @@ def _convert(gguf: Path, out: Path, *, dtype: str = "float32") -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype))
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=getattr(torch, dtype), trust_remote_code=False
+    )
     # The weights are dequantized on load; drop the GGUF marker so the folder saves as plain safetensors.
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

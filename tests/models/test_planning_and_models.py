@@ -211,3 +211,31 @@ def test_shared_engines_are_keyed_by_what_they_load(tiny_folder, tmp_path, monke
     assert len(loads) == 4 and len(engine_module._SHARED) == 2
     assert Engine.shared(tiny_folder, backend="torch") is first and len(loads) == 4
     assert Engine.shared(tiny_folder, backend="torch", dtype="bfloat16") is not half and len(loads) == 5
+
+
+def test_a_model_folder_that_names_its_own_code_is_never_run(tiny_folder, tmp_path):
+    """Its code is never imported and nothing prompts (trust_remote_code=False, explicit): a folder of a model
+    transformers knows loads with transformers' own classes, one it does not know is a ModelLoadError."""
+    import json
+    import shutil
+
+    marker = tmp_path / "ran"
+    for model_type in ("llama", "evil_llama"):
+        folder = tmp_path / model_type
+        shutil.copytree(tiny_folder, folder)
+        for name in ("configuration_evil.py", "modeling_evil.py", "tokenization_evil.py"):
+            (folder / name).write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Evil: pass\n")
+        config = json.loads((folder / "config.json").read_text())
+        config["model_type"] = model_type
+        config["auto_map"] = {
+            "AutoConfig": "configuration_evil.Evil",
+            "AutoModelForCausalLM": "modeling_evil.Evil",
+            "AutoTokenizer": ["tokenization_evil.Evil", None],
+        }
+        (folder / "config.json").write_text(json.dumps(config))
+        if model_type == "llama":
+            assert TorchBackend.load(str(folder)).max_context > 0
+        else:
+            with pytest.raises(ModelLoadError, match="names its own Python code, which pcd never runs"):
+                TorchBackend.load(str(folder))
+    assert not marker.exists()
