@@ -260,12 +260,9 @@ def run_tag_job(
 
 
 def _table_shares(schema: Schema, table: Any) -> dict[str, LabelShares]:
-    """The closed fields' label shares among a tag table's decided rows."""
-    names = [s.name for s in schema.fields if s.scored and len(s.labels) > 1]
-    if not names:
-        return {}
+    """The closed fields' label shares among a tag table's decided rows (:func:`value_shares` picks the fields)."""
     rows = table.select([*(s.name for s in schema.fields), ERROR_COLUMN]).to_pylist()
-    return value_shares([row_values(schema, row) for row in rows], schema, fields=names)
+    return value_shares([row_values(schema, row) for row in rows], schema)
 
 
 def tag_corpus(
