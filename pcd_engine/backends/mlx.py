@@ -43,6 +43,7 @@ from pcd_engine.backends.mlx_tree import (
     preload_blas,
     stacked_layers,
 )
+from pcd_engine.backends.model_folder import check_model_folder
 from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import ModelLoadError, OptionError
 
@@ -163,6 +164,7 @@ class MLXBackend(Backend):
         mx = import_mlx()
         if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
             raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
+        check_model_folder(path)
         try:
             model, tokenizer = load_mlx_model(path)
         except Exception as exc:  # mlx-lm raises OSError, ValueError and hub errors alike

@@ -18,6 +18,8 @@ from pcd_engine.backends.mlx_tree import import_mlx
 
 __all__ = ["load_mlx_model", "mlx_config_overrides", "mlx_weights_fix"]
 
+_NO_CODE = {"trust_remote_code": False}  # the tokenizer's loader (transformers) never runs a folder's code either
+
 
 def load_mlx_model(path: str) -> tuple[Any, Any]:
     """``mlx_lm.load(path)``, for a folder written by transformers 5 as well as an MLX conversion.
@@ -50,7 +52,9 @@ def load_mlx_model(path: str) -> tuple[Any, Any]:
     overrides = mlx_config_overrides(config)
     fix = mlx_weights_fix(config)
     if fix is None:
-        loaded: Any = mlx_lm.load(path, model_config=overrides, return_config=True)
+        loaded: Any = mlx_lm.load(
+            path, model_config=overrides, return_config=True, trust_remote_code=False, tokenizer_config=_NO_CODE
+        )
         _untruncated_yarn(loaded[0], loaded[2])
         return loaded[0], loaded[1]
     from mlx_lm.utils import load_model, load_tokenizer
@@ -66,9 +70,9 @@ def load_mlx_model(path: str) -> tuple[Any, Any]:
 
         return Model, module.ModelArgs
 
-    model, merged = load_model(Path(path), model_config=overrides, get_model_classes=classes)
+    model, merged = load_model(Path(path), model_config=overrides, get_model_classes=classes, trust_remote_code=False)
     _untruncated_yarn(model, merged)
-    return model, load_tokenizer(Path(path), eos_token_ids=merged.get("eos_token_id"))
+    return model, load_tokenizer(Path(path), _NO_CODE, eos_token_ids=merged.get("eos_token_id"))
 
 
 def _untruncated_yarn(model: Any, config: dict[str, Any]) -> None:

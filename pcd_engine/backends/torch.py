@@ -22,6 +22,7 @@ import numpy as np
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
 from pcd_engine.backends.growth import estimate_pass_bytes
+from pcd_engine.backends.model_folder import check_model_folder
 from pcd_engine.backends.torch_tree import (
     filled_layer_class,
     fork_cache,
@@ -123,19 +124,20 @@ class TorchBackend(Backend):
             torch_dtype = getattr(torch, dtype, None)
             if not isinstance(torch_dtype, torch.dtype):
                 raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
+        check_model_folder(path)
         try:
             config = AutoConfig.from_pretrained(path, trust_remote_code=False)  # never run a folder's code
             softcap = getattr(config.get_text_config(), "attn_logit_softcapping", None)
             kernel = "eager" if softcap else "sdpa"
             try:
                 model = AutoModelForCausalLM.from_pretrained(
-                    path, dtype=torch_dtype, attn_implementation=kernel, trust_remote_code=False
+                    path, dtype=torch_dtype, attn_implementation=kernel, trust_remote_code=False, use_safetensors=True
                 )
             except ValueError as exc:  # e.g. gpt-oss (attention sinks): transformers has no SDPA path for it
                 if kernel != "sdpa" or "scaled_dot_product_attention" not in str(exc):
                     raise
                 model = AutoModelForCausalLM.from_pretrained(
-                    path, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False
+                    path, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False, use_safetensors=True
                 )
             tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
         except OSError as exc:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pcd_engine.calibrate.estimators import em_bias, mean_prior, reweight
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import FieldSpec, Schema
 
@@ -46,60 +47,18 @@ FIT_CHUNK = 64
 """Documents :meth:`Calibrator.fit` reads between two progress reports."""
 
 _FORMAT = "pcd-calibration/1"
+_FLOOR = 1e-300  # the smallest lean a fit records (a label that got no probability on any fitting document)
 
 
-def mean_prior(distributions: Sequence[Sequence[float]]) -> tuple[float, ...]:
-    """The mean of the rows: the model's average distribution over the labels on these documents."""
-    if not distributions:
-        raise OptionError("Calibration: expected at least one document's label distribution, but got none.")
-    width = len(distributions[0])
-    total = [0.0] * width
-    for row in distributions:
-        for i, p in enumerate(row):
-            total[i] += p
-    return _normalized([t / len(distributions) for t in total])
-
-
-def em_bias(
-    distributions: Sequence[Sequence[float]],
-    *,
-    target: Sequence[float] | None = None,
-    iterations: int = 500,
-    tolerance: float = 1e-9,
-) -> tuple[float, ...]:
-    """The label prior ``b`` under which these posteriors look computed, given the documents' own label shares
-    ``target`` (uniform by default): correcting every row by ``target / b`` makes the rows average to ``target``.
-
-    Saerens et al.'s EM with the roles swapped: start from the mean, correct every row by the current ``b``, and
-    move each label's ``b`` by how far its corrected mean is from ``target``, until none is.
-
-    Args:
-        distributions: One posterior (over the same labels) per document.
-        target: The labels' shares among these documents (positive, summing to 1); ``None``: uniform.
-        iterations: The most steps.
-        tolerance: Stop when every corrected mean is this close to ``target``.
-    """
-    bias = list(mean_prior(distributions))
-    goal = list(target) if target is not None else [1.0 / len(bias)] * len(bias)
-    for _ in range(iterations):
-        weights = [g / b if b > 0 else 0.0 for g, b in zip(goal, bias, strict=True)]
-        corrected = mean_prior([reweight(row, weights) for row in distributions])
-        if max(abs(c - g) for c, g in zip(corrected, goal, strict=True)) < tolerance:
-            break
-        bias = list(_normalized([b * c / g for b, c, g in zip(bias, corrected, goal, strict=True)]))
-    return tuple(bias)
-
-
-def reweight(probabilities: Sequence[float], weights: Sequence[float]) -> tuple[float, ...]:
-    """``probabilities * weights``, renormalized (all zero stays as it was)."""
-    return _normalized([p * w for p, w in zip(probabilities, weights, strict=True)], fallback=probabilities)
-
-
-def _normalized(values: Sequence[float], *, fallback: Sequence[float] | None = None) -> tuple[float, ...]:
-    total = sum(values)
-    if not total > 0 or not math.isfinite(total):
-        return tuple(fallback) if fallback is not None else tuple(1.0 / len(values) for _ in values)
-    return tuple(v / total for v in values)
+def _unit_share(where: str, what: str, value: Any) -> float:
+    """``value`` as a probability in (0, 1]: a finite real number (not a bool) a lean can be divided by."""
+    try:
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not 0 < number <= 1:  # NaN fails too
+        raise OptionError(f"{where}: expected each {what} value in (0, 1], but got {value!r}.")
+    return number
 
 
 def _target(name: str, shares: Sequence[float], width: int, multi: bool) -> tuple[float, ...]:
@@ -177,6 +136,24 @@ class FieldPrior:
     bias: tuple[float, ...]
     prior: tuple[float, ...]
 
+    def __post_init__(self) -> None:
+        where = f"Calibration field {self.name!r}"
+        if not isinstance(self.name, str) or not self.name:
+            raise OptionError(f"Calibration field name: expected a non-empty string, but got {self.name!r}.")
+        labels = tuple(self.labels) if isinstance(self.labels, (list, tuple)) else None
+        if not labels or not all(v is None or isinstance(v, (str, int, float)) for v in labels):
+            raise OptionError(f"{where}: expected a list of labels (strings, numbers, null), but got {self.labels!r}.")
+        keys = [(type(v), v) for v in labels]
+        if len(set(keys)) != len(keys):
+            raise OptionError(f"{where}: expected distinct labels, but got {list(labels)}.")
+        object.__setattr__(self, "labels", labels)
+        for what in ("bias", "prior"):
+            values = getattr(self, what)
+            checked = tuple(_unit_share(where, what, v) for v in values) if isinstance(values, (list, tuple)) else ()
+            if len(checked) != len(labels):
+                raise OptionError(f"{where}: expected {len(labels)} {what} values, one per label, but got {values!r}.")
+            object.__setattr__(self, what, checked)
+
     def correct(self, probabilities: Sequence[float]) -> tuple[float, ...]:
         """A single-label field's calibrated distribution: ``prior * p / bias``, renormalized."""
         weights = [pi / b if b > 0 else 0.0 for pi, b in zip(self.prior, self.bias, strict=True)]
@@ -219,6 +196,20 @@ class Calibrator:
     def __post_init__(self) -> None:
         if self.method not in CALIBRATION_METHODS:
             raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {self.method!r}.")
+        for name in ("schema_fingerprint", "schema_title", "model"):
+            if not isinstance(getattr(self, name), str):
+                raise OptionError(f"Calibration {name}: expected a string, but got {getattr(self, name)!r}.")
+        for name in ("documents", "examples"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise OptionError(f"Calibration {name}: expected a count (an integer >= 0), but got {count!r}.")
+        fields = tuple(self.fields) if isinstance(self.fields, (list, tuple)) else None
+        if fields is None or not all(isinstance(f, FieldPrior) for f in fields):
+            raise OptionError(f"Calibration fields: expected a list of FieldPrior, but got {self.fields!r}.")
+        names = [f.name for f in fields]
+        if len(set(names)) != len(names):
+            raise OptionError(f"Calibration fields: expected each field once, but got {names}.")
+        object.__setattr__(self, "fields", fields)
 
     # ------------------------------------------------------------------------------------------ building
 
@@ -281,6 +272,9 @@ class Calibrator:
                 )
             else:
                 bias = estimate(rows, prior)
+            # a label the documents never gave any probability keeps a lean a division can use (a file's zero is
+            # refused), and a multi-label "yes" stays short of certain
+            bias = tuple(min(max(b, _FLOOR), 1.0 - 2**-53 if multi else 1.0) for b in bias)
             fitted.append(FieldPrior(name, labels, bias, prior))
         return cls(
             schema_fingerprint=schema.fingerprint,
@@ -376,6 +370,8 @@ class Calibrator:
             raise OptionError(
                 f"Calibration: expected the model it was fitted with ({self.model!r}), but got {model!r}."
             )
+        for prior in self.fields:  # the fingerprint is only a claim: the fields themselves must fit the schema
+            _check_field(schema, prior)
 
     # ------------------------------------------------------------------------------------------ JSON
 
@@ -401,30 +397,26 @@ class Calibrator:
         Raises:
             InputError: If the data is not a calibration of this format.
         """
+        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
+            got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
+            raise InputError(f"{where}: expected a pcd calibration ({_FORMAT!r}), but got format {got!r}.")
         try:
-            if data.get("format") != _FORMAT:
-                raise InputError(
-                    f"{where}: expected a pcd calibration ({_FORMAT!r}), but got format {data.get('format')!r}."
-                )
+            fields = data["fields"]
             return cls(
-                schema_fingerprint=str(data["schema"]["fingerprint"]),
-                schema_title=str(data["schema"]["title"]),
-                model=str(data["model"]),
-                method=str(data["method"]),
-                documents=int(data["documents"]),
-                examples=int(data.get("examples", 0)),
-                fields=tuple(
-                    FieldPrior(
-                        str(f["name"]),
-                        tuple(f["labels"]),
-                        tuple(float(p) for p in f["bias"]),
-                        tuple(float(p) for p in f["prior"]),
-                    )
-                    for f in data["fields"]
-                ),
+                schema_fingerprint=data["schema"]["fingerprint"],
+                schema_title=data["schema"]["title"],
+                model=data["model"],
+                method=data["method"],
+                documents=data["documents"],
+                examples=data.get("examples", 0),
+                fields=tuple(FieldPrior(f["name"], f["labels"], f["bias"], f["prior"]) for f in fields),
             )
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise InputError(f"{where}: expected a pcd calibration, but it is malformed ({exc!r}).") from None
+        except OptionError as exc:  # the values checked where they are held, named there
+            raise InputError(f"{where}: {exc}") from None
+        except KeyError as exc:
+            raise InputError(f"{where}: expected a pcd calibration, but it has no {exc} entry.") from None
+        except TypeError as exc:
+            raise InputError(f"{where}: expected a pcd calibration, but it is malformed ({exc}).") from None
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the calibrator as JSON to ``path``."""
@@ -443,7 +435,7 @@ class Calibrator:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise InputError(f"Calibration {str(path)!r}: expected an existing file, but it does not exist.") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, nested too deep
             raise InputError(f"Calibration {str(path)!r}: expected a JSON file, but reading failed ({exc}).") from None
         return cls.from_json(data, where=f"Calibration {str(path)!r}")
 
@@ -462,6 +454,28 @@ def result_rows(closed: Sequence[FieldSpec], results: Sequence[Mapping[str, Any]
             else:
                 rows[spec.name].append(list(got.label_distribution or ()))
     return rows
+
+
+def _check_field(schema: Schema, prior: FieldPrior) -> None:
+    """Refuse a field prior that does not fit the schema's field: its labels (the same values, types and order) and
+    its shares (a single-label field's lean and prior each sum to 1; a multi-label field's are each below 1)."""
+    spec = _closed_field(schema, prior.name)
+    expected = [label.value for label in spec.labels]
+    if [(type(v), v) for v in prior.labels] != [(type(v), v) for v in expected]:
+        raise OptionError(
+            f"Calibration field {prior.name!r}: expected the schema's labels {expected}, but got {list(prior.labels)}."
+        )
+    for what in ("bias", "prior"):
+        values = getattr(prior, what)
+        if spec.kind == "multi" and not all(v < 1 for v in values):
+            raise OptionError(
+                f"Calibration field {prior.name!r}: expected each {what} value of a multi-label field below 1, but "
+                f"got {list(values)}."
+            )
+        if spec.kind != "multi" and abs(sum(values) - 1.0) > 1e-6:
+            raise OptionError(
+                f"Calibration field {prior.name!r}: expected {what} values summing to 1, but they sum to {sum(values)}."
+            )
 
 
 def _closed_field(schema: Schema, name: str) -> FieldSpec:

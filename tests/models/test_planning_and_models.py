@@ -239,3 +239,99 @@ def test_a_model_folder_that_names_its_own_code_is_never_run(tiny_folder, tmp_pa
             with pytest.raises(ModelLoadError, match="names its own Python code, which pcd never runs"):
                 TorchBackend.load(str(folder))
     assert not marker.exists()
+
+
+class _Planted:
+    """Unpickling this writes a marker file: what a hostile pickled checkpoint can do."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("mlx", marks=pytest.mark.mlx)])
+def test_a_folder_pcd_cannot_load_safely_is_a_model_load_error_before_any_loader(tiny_folder, tmp_path, backend):
+    """No config.json, a config that is not a JSON object, only pickled weights, no weights: each a ModelLoadError
+    naming the folder, raised by the one folder check both backends run first (the pickle is never opened)."""
+    import pickle
+    import shutil
+
+    from pcd_engine.backends.model_folder import check_model_folder
+
+    marker = tmp_path / "ran"
+    cases = {}
+    cases["no-config"] = tmp_path / "no-config"
+    shutil.copytree(tiny_folder, cases["no-config"])
+    (cases["no-config"] / "config.json").unlink()
+    cases["bad-config"] = tmp_path / "bad-config"
+    shutil.copytree(tiny_folder, cases["bad-config"])
+    (cases["bad-config"] / "config.json").write_text("[1, 2]")
+    cases["pickled"] = tmp_path / "pickled"
+    shutil.copytree(tiny_folder, cases["pickled"])
+    (cases["pickled"] / "model.safetensors").unlink()
+    (cases["pickled"] / "pytorch_model.bin").write_bytes(pickle.dumps(_Planted(str(marker))))
+    cases["no-weights"] = tmp_path / "no-weights"
+    shutil.copytree(tiny_folder, cases["no-weights"])
+    (cases["no-weights"] / "model.safetensors").unlink()
+    needles = {
+        "no-config": "has no config.json",
+        "bad-config": "expected config.json to hold a JSON object, but got list",
+        "pickled": r"holds only pickled ones \(pytorch_model.bin\), which pcd never loads",
+        "no-weights": r"expected weights in \*.safetensors files, but the folder holds none",
+    }
+    for name, folder in cases.items():
+        with pytest.raises(ModelLoadError, match=needles[name]):
+            check_model_folder(str(folder))
+        with pytest.raises(ModelLoadError, match=needles[name]):
+            Engine.load(str(folder), backend=backend)
+    assert not marker.exists()
+    check_model_folder(tiny_folder)  # a good folder passes
+
+
+@pytest.mark.slow
+def test_loading_a_folder_that_names_its_code_never_prompts_on_a_terminal(tiny_folder, tmp_path):
+    """transformers asks on a terminal whether to run a folder's code when trust_remote_code is left unset: pcd
+    sets it, so a load under a pseudo-terminal neither prompts nor runs the code (it ends on its own, the marker
+    file the code would write never appears)."""
+    import json
+    import os
+    import pty
+    import select
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "ran"
+    folder = tmp_path / "evil"
+    shutil.copytree(tiny_folder, folder)
+    (folder / "tokenization_evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\nclass Evil: pass\n")
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "evil_llama"
+    config["auto_map"] = {"AutoConfig": "tokenization_evil.Evil", "AutoTokenizer": ["tokenization_evil.Evil", None]}
+    (folder / "config.json").write_text(json.dumps(config))
+    script = (
+        "from pcd_engine import Engine, ModelLoadError\n"
+        f"try:\n    Engine.load({str(folder)!r}, backend='torch')\n"
+        "except ModelLoadError as exc:\n    print('refused:', exc)\n"
+    )
+    main, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=secondary, stdout=secondary, stderr=secondary)
+    os.close(secondary)
+    seen = b""
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        if select.select([main], [], [], 0.5)[0]:
+            try:
+                seen += os.read(main, 4096)
+            except OSError:
+                break
+    if proc.poll() is None:
+        proc.kill()
+        pytest.fail(f"the load waited on the terminal: {seen.decode(errors='replace')[-500:]}")
+    os.close(main)
+    assert proc.returncode == 0
+    assert b"refused:" in seen and b"which pcd never runs" in seen
+    assert b"Do you wish to run the custom code" not in seen and not marker.exists()

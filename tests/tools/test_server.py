@@ -80,6 +80,16 @@ def test_extract_takes_a_calibration_and_min_probability(client, default_engine)
     broken = {"calibration": {"format": "pcd-calibration/1"}}
     response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": broken})
     assert response.status_code == 400 and "expected a pcd calibration" in response.text
+    # a tampered calibration (issue 45): a lean that cannot be divided by, labels that are not the schema's
+    for key, value, needle in [
+        ("bias", [-0.5, 1.5, 0.0], r"each bias value in (0, 1], but got -0.5"),
+        ("labels", ["POSITIVE", "NEUTRAL", "negative"], "expected the schema's labels"),
+    ]:
+        tampered = cal.to_json()
+        tampered["fields"][0][key] = value
+        body = {"schema": TICKET, "context": TEXT, "options": {"calibration": tampered}}
+        response = client.post("/api/extract", json=body)
+        assert response.status_code == 400 and needle in response.json()["error"]["message"]
 
 
 def test_page_and_presets(client):
