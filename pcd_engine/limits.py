@@ -15,7 +15,15 @@ from dataclasses import dataclass
 
 from pcd_engine.errors import OptionError, RequestCancelled, RequestTimeout, check_count
 
-__all__ = ["SERVER_LIMITS", "RequestLimits", "Watch"]
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIME_LIMIT_S", "SERVER_LIMITS", "RequestLimits", "Watch"]
+
+DEFAULT_TIME_LIMIT_S = 600.0
+"""Seconds one request may run unless its options say otherwise: a document of :meth:`Engine.extract
+<pcd_engine.engine.Engine.extract>` (in :meth:`~pcd_engine.engine.Engine.extract_many`, each document's clock runs
+from the start of its window, at most four batches), a free-text reply, a ``pcd`` command's document. Generous for
+the embedded model (a few seconds a document); it stops a schema or a model that would otherwise run on unbounded.
+``timeout=`` (or ``limits=RequestLimits(time_limit_s=...)``) sets another; ``RequestLimits()`` lifts it. ``pcd
+serve`` uses :data:`SERVER_LIMITS` instead."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,10 @@ class RequestLimits:
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
             raise OptionError(f"time_limit_s: expected a positive number of seconds or None, but got {t!r}.")
 
+
+DEFAULT_LIMITS = RequestLimits(time_limit_s=DEFAULT_TIME_LIMIT_S)
+"""An engine's limits unless it is given others: :data:`DEFAULT_TIME_LIMIT_S`, sizes unbounded (the memory budget
+and the model's window bound them)."""
 
 SERVER_LIMITS = RequestLimits(max_labels=2048, max_generated_tokens=1024, time_limit_s=120.0)
 """What one request to ``pcd serve`` may ask for unless its flags say otherwise."""
@@ -74,5 +86,6 @@ class Watch:
         if self._deadline is not None and time.monotonic() > self._deadline:
             raise RequestTimeout(
                 f"Request: expected to finish within its time limit of {self._limit:g} s, but it was still running "
-                f"before {where}. Raise the limit or send a smaller request."
+                f"before {where}. Raise the limit (timeout=, or limits=RequestLimits(time_limit_s=...)) or send a "
+                "smaller request."
             )

@@ -20,7 +20,7 @@ from typing import Any
 from pcd_engine.calibrate.correction import CORRECTIONS as _CORRECTIONS
 from pcd_engine.calibrate.correction import Correction, NoCorrection, correction_named
 from pcd_engine.errors import InputError, OptionError, check_count
-from pcd_engine.limits import RequestLimits
+from pcd_engine.limits import DEFAULT_LIMITS, RequestLimits
 
 __all__ = [
     "CORRECTIONS",
@@ -283,7 +283,8 @@ class EngineOptions:
             a value cut there is flagged ``truncated``.
         draft_tokens: The most tokens an open row proposes from the document per pass (see
             :class:`ExtractOptions`); 0 turns drafting off.
-        limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them.
+        limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them. The
+            default bounds time alone (:data:`~pcd_engine.limits.DEFAULT_LIMITS`: 600 s a request).
         special_tokens: Read control strings in documents (``<|im_end|>``, ``<|im_start|>system``) as the
             template's control tokens. Off by default: a document is plain text and cannot open a turn.
         strategy: The default strategy (see :class:`ExtractOptions`); ``None`` lets the
@@ -311,7 +312,7 @@ class EngineOptions:
     low_mass_warning: float = 0.1
     max_tokens: int = 64
     draft_tokens: int = 8
-    limits: RequestLimits = field(default_factory=RequestLimits)
+    limits: RequestLimits = DEFAULT_LIMITS
     special_tokens: bool = False
     strategy: str | None = None
     temperature: float = 1.0
@@ -422,7 +423,7 @@ def surface_options(
         temperature: A chat API's ``temperature``, under every layer: a positive number reshapes the structured
             probabilities (the decisions are the same at any temperature); ``0`` or ``None`` keeps the engine's.
         timeout: Seconds a call may run (:attr:`RequestLimits.time_limit_s`), under every layer; ``0`` or ``None``:
-            no limit.
+            the engine's limits (by default :data:`~pcd_engine.limits.DEFAULT_TIME_LIMIT_S`).
         max_tokens: The most tokens of each open field's value (an integer >= 1), under every layer; ``None``: the
             engine's.
         calibration: A :class:`~pcd_engine.calibrate.calibrator.Calibrator` or its JSON, under every layer.

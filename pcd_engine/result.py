@@ -387,12 +387,20 @@ def generated_result(
     spec: FieldSpec, generated: Generated, wave: int, default_limit: int, warnings: list[str]
 ) -> FieldResult:
     """A generated field's result; a cut or invalid value adds a warning."""
+    filled = {
+        "default": "the field's default",
+        "smallest": "the smallest value its schema accepts",
+        "none": "null: its schema has no smallest value pcd can build",
+    }
     if generated.truncated:
         limit = spec.max_tokens or default_limit
-        what = "it was closed where it was cut" if generated.valid else "it could not be completed and is null"
-        warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; {what}.")
-    elif not generated.valid:
-        warnings.append(f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is null.")
+        what = {"closed": "it was closed where it was cut", "cut back": "it was cut back to its last complete item"}
+        said = what.get(generated.how) or f"it could not be completed and is {filled[generated.how]}"
+        warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; {said}.")
+    elif generated.how != "written":
+        warnings.append(
+            f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is {filled[generated.how]}."
+        )
     return FieldResult(
         name=spec.name,
         value=generated.value,

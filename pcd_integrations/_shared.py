@@ -89,6 +89,13 @@ def calibration_json(value: Any, *, owner: str) -> dict[str, Any] | None:
     )
 
 
+def reply_time_limit(engine: Any, timeout: float | None) -> float | None:
+    """Seconds a free-text reply may take: the call's or the adapter's ``timeout``, else the engine's time limit
+    (:data:`~pcd_engine.limits.DEFAULT_TIME_LIMIT_S` unless the engine was given other limits), as a structured
+    call's is."""
+    return timeout or engine.options.limits.time_limit_s
+
+
 def refuse_sampling(owner: str, temperature: float | None) -> None:
     """Free text is greedy: a positive temperature is refused there rather than ignored.
 

@@ -134,7 +134,9 @@ def test_bad_schema_before_model_work(engine):
         engine.extract(TEXT, Bad)
     # A value schema the constrained generator cannot honour is refused before any model work too.
     weird = {"properties": {"ok": {"type": "boolean"}, "when": {"type": "string", "format": "no-such-format"}}}
-    with pytest.raises(SchemaError, match=r"Field 'when': expected a JSON Schema the constrained generator can hon"):
+    with pytest.raises(
+        SchemaError, match=r"Field 'when': expected a JSON Schema the constrained generator \(llguidance\) can hon"
+    ):
         engine.extract(TEXT, weird)
     assert engine.backend.forward_passes == before
 
@@ -299,9 +301,9 @@ def test_open_field_token_limit_option(engine):
     assert out.stats.waves == 0  # no closed field: the document rides in the first row step
 
 
-def test_cut_values_are_closed_or_null_and_flagged(engine):
+def test_cut_values_are_closed_or_the_smallest_valid_and_flagged(engine):
     """A string cut at its token limit is closed where it was cut; an object that cannot be completed validly
-    is None; both are flagged and warned about."""
+    is the smallest value its schema accepts (issue 45: never an invalid None); both are flagged and warned about."""
     who = {
         "type": "object",
         "properties": {"name": {"type": "string"}, "vip": {"type": "boolean"}},
@@ -312,8 +314,10 @@ def test_cut_values_are_closed_or_null_and_flagged(engine):
     out = engine.extract(TEXT, schema)
     note, person = out.fields["note"], out.fields["who"]
     assert note.truncated and isinstance(note.value, str) and out.schema.field("note").allows(note.value)
-    assert person.truncated and person.value is None and person.tokens <= 4
-    assert any("'who'" in w and "tokens; it could not be completed and is null." in w for w in out.warnings)
+    assert person.truncated and person.tokens <= 4 and out.schema.field("who").allows(person.value)
+    assert person.value in ({"name": "", "vip": False}, {"name": person.value["name"], "vip": False})
+    said = "tokens; it could not be completed and is the smallest value"
+    assert any("'who'" in w and said in w for w in out.warnings)
     assert any("'note'" in w and "tokens; it was closed where it was cut." in w for w in out.warnings)
     assert {f.name for f in out.low_confidence()} == {"note", "who"}
 

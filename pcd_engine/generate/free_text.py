@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from pcd_engine.backends.contract import Backend
 from pcd_engine.errors import ContextError, OptionError, RequestTimeout
 from pcd_engine.generate.open_rows import Grammars
+from pcd_engine.limits import DEFAULT_TIME_LIMIT_S
 from pcd_engine.prompt.chat_prompt import TokenizerView, render_chat
 
 __all__ = [
@@ -174,7 +175,7 @@ def stream_chat(
     *,
     max_new_tokens: int = 256,
     stop: Sequence[str] = (),
-    time_limit_s: float | None = None,
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
 ) -> Iterator[TextChunk]:
     """Greedy free-text reply from the engine's model, streamed as text chunks.
 
@@ -185,7 +186,8 @@ def stream_chat(
         messages: The conversation.
         max_new_tokens: Upper bound on generated tokens (> 0).
         stop: Strings that end the reply.
-        time_limit_s: Seconds the reply may take, checked after each token; ``None`` for no limit.
+        time_limit_s: Seconds the reply may take, checked after each token; ``None`` for no limit (default
+            :data:`~pcd_engine.limits.DEFAULT_TIME_LIMIT_S`).
 
     Yields:
         Text chunks; the last one carries the finish reason and the token counts.
@@ -209,7 +211,7 @@ def stream_text(
     *,
     max_new_tokens: int = 16,
     stop: Sequence[str] = (),
-    time_limit_s: float | None = None,
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
 ) -> Iterator[TextChunk]:
     """Greedy continuation of a raw ``prompt`` (no chat template), streamed as text chunks: OpenAI's legacy
     ``/v1/completions``. Arguments, chunks and errors are as for :func:`stream_chat`; the prompt must not be empty.
@@ -283,7 +285,7 @@ def json_chat(
     *,
     schema: Mapping[str, Any] | None = None,
     max_new_tokens: int = 256,
-    time_limit_s: float | None = None,
+    time_limit_s: float | None = DEFAULT_TIME_LIMIT_S,
 ) -> JsonReply:
     """The model's reply to ``messages`` as one JSON value, generated greedily under a JSON grammar (llguidance):
     OpenAI's ``response_format={"type": "json_object"}``. The conversation is rendered with the model's own chat
@@ -294,7 +296,8 @@ def json_chat(
         messages: The conversation.
         schema: The reply's JSON Schema; ``None`` for any JSON object.
         max_new_tokens: Upper bound on generated tokens (> 0); a reply cut there is closed where it can be.
-        time_limit_s: Seconds the reply may take, checked between passes; ``None`` for no limit.
+        time_limit_s: Seconds the reply may take, checked between passes; ``None`` for no limit (default
+            :data:`~pcd_engine.limits.DEFAULT_TIME_LIMIT_S`).
 
     Returns:
         The reply, parsed.

@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +37,7 @@ import numpy as np
 from pcd_engine.backends.contract import Backend, RequestState
 from pcd_engine.errors import SchemaError, require
 from pcd_engine.generate.drafting import PromptLookup
+from pcd_engine.generate.values import complete_value
 from pcd_engine.lru import LRU
 from pcd_engine.prompt.alignment import align_lines
 from pcd_engine.prompt.chat_prompt import TokenizerView
@@ -50,7 +51,6 @@ __all__ = [
     "compile_rows",
     "generate_open",
     "generate_reply",
-    "walk_json",
 ]
 
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -87,6 +87,11 @@ class Generated:
             closing quote) are left out. Not a calibrated confidence.
         truncated: True when the row hit its token limit before the value was complete.
         valid: True when ``value`` satisfies the field's JSON Schema.
+        how: How the value was made: ``"written"`` (complete, as the model wrote it), ``"closed"`` (cut, and closed
+            where it was cut), ``"cut back"`` (cut, back to its last complete item), ``"default"`` (nothing written
+            could be completed: the field's default), ``"smallest"`` (the same, no default: the smallest value the
+            schema accepts, :func:`~pcd_engine.schema.smallest.smallest_value`) or ``"none"`` (no valid value:
+            null; a schema whose smallest value cannot be built, such as a ``pattern`` the empty string fails).
     """
 
     value: Any
@@ -95,6 +100,7 @@ class Generated:
     mean_logprob: float
     truncated: bool
     valid: bool
+    how: str = "written"
 
 
 def compile_rows(
@@ -178,10 +184,9 @@ class Grammars:
         text = f"start: {start}\nvalue: %json {json.dumps(value, ensure_ascii=False)}\n"
         error = llg.LLMatcher.validate_grammar(text, self.tokenizer)
         if error:
-            detail = error.strip().splitlines()[0]
             raise SchemaError(
-                f"Field {spec.name!r}: expected a JSON Schema the constrained generator can honour, but llguidance "
-                f"rejected it: {detail}. Remove the unsupported keyword."
+                f"Field {spec.name!r}: expected a JSON Schema the constrained generator (llguidance) can honour, but "
+                f"{_refusal(error, spec.value_schema)}."
             )
         self._grammars.put(key, text)  # least recently used grammars go first: a server sees new schemas all day
         return text
@@ -241,55 +246,51 @@ def _choose(row: _Row, logprobs: np.ndarray) -> tuple[list[int], bool]:
     return chosen, False
 
 
-def walk_json(text: str) -> Iterator[tuple[str, bool, tuple[str, ...]]]:
-    """Walk a JSON text character by character, strings respected.
-
-    Yields:
-        ``(char, in_string, closers)`` after each character: whether it is inside a string, and the characters
-        that would close the arrays and objects still open, outermost first.
-    """
-    stack: list[str] = []
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "{[":
-            stack.append("}" if ch == "{" else "]")
-        elif ch in "}]" and stack:
-            stack.pop()
-        yield ch, in_string, tuple(stack)
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 
 
-def _close(text: str) -> str:
-    """The characters that close a cut JSON text (the caller strips a trailing backslash first): an open
-    string's quote, then the open arrays and objects, innermost first."""
-    _ch, in_string, closers = next(iter(reversed(list(walk_json(text)))), ("", False, ()))
-    return ('"' if in_string else "") + "".join(reversed(closers))
+def _refusal(error: str, schema: Mapping[str, Any]) -> str:
+    """What llguidance refused in ``schema``, in words: the pattern it cannot compile and why, number bounds it
+    cannot write as a pattern, or its own first line (never its echo of the grammar or a generated regex)."""
+    body = error.split("failed to compile JSON schema:", 1)[-1]
+    lines = [line.strip() for line in body.splitlines()]
+    why = next((line[len("error:") :].strip() for line in lines if line.startswith("error:")), "")
+    nodes = [n for n in _nodes(schema) if isinstance(n, Mapping)]
+    patterns = [str(n["pattern"]) for n in nodes if "pattern" in n]
+    if "regex parse error" in body:
+        echoed = lines[1] if len(lines) > 1 else ""
+        pattern = next((p for p in patterns if p == echoed), None)
+        if pattern is not None:
+            return f"it cannot compile the pattern {pattern!r}: {why or 'a regex parse error'}"
+    if "regex parse error" in body or "float range" in body:
+        bounds = ", ".join(f"{k} {n[k]!r}" for n in nodes for k in _BOUNDS if k in n)
+        return (
+            f"it cannot write the number bounds ({bounds or 'none given'}) as a pattern to follow"
+            f"{f' ({why})' if why else ''}; give bounds with fewer digits, or none"
+        )
+    return f"it refused the schema: {lines[0] if lines else error.strip()}"
 
 
-def _finish(row: _Row, tokenizer: TokenizerView, lead: str) -> Generated:
+def _nodes(node: Any) -> Iterator[Any]:
+    """Every dict and list in a JSON value, itself first."""
+    yield node
+    children = node.values() if isinstance(node, Mapping) else node if isinstance(node, list) else ()
+    for child in children:
+        if isinstance(child, (Mapping, list)):
+            yield from _nodes(child)
+
+
+def _finish(row: _Row, tokenizer: TokenizerView, lead: str, *, fill: bool = True) -> Generated:
+    """The row's value, by :func:`~pcd_engine.generate.values.complete_value` (``fill``: an open field's; a whole
+    reply is only ever closed where it was cut)."""
     raw = tokenizer.decode(row.tokens) if row.tokens else ""
     text = raw[len(lead) :] if raw.startswith(lead) else raw
     text = text.strip()
     if not row.truncated and text.endswith(","):
         text = text[:-1]
     mean = float(np.mean(row.logprobs)) if row.logprobs else -math.inf
-    candidates = [text] if not row.truncated else [text, text.rstrip("\\") + _close(text.rstrip("\\"))]
-    for candidate in candidates:
-        try:
-            value = json.loads(candidate)
-        except json.JSONDecodeError:
-            continue
-        if row.spec.allows(value):
-            return Generated(value, candidate, len(row.tokens), mean, row.truncated, True)
-    return Generated(None, text, len(row.tokens), mean, row.truncated, False)
+    value, shown, valid, how = complete_value(row.spec, text, truncated=row.truncated, fill=fill)
+    return Generated(value, shown, len(row.tokens), mean, row.truncated, valid, how)
 
 
 def generate_open(
@@ -448,4 +449,4 @@ def generate_reply(
         return _choose(row, logprobs)
 
     backend.generate_rows(state, causal=[], prefixes=[[ids[-1]]], choose=choose, before_pass=check)
-    return _finish(row, tokenizer, "")
+    return _finish(row, tokenizer, "", fill=False)  # a reply cut short says so (finish reason "length"), unfilled

@@ -26,6 +26,7 @@ A field pcd cannot constrain (``Any``, ``dict[str, Any]``, a recursive model) ra
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,7 +34,7 @@ from pcd_engine.errors import SchemaError
 from pcd_engine.schema.constraints import MAX_INT_LABELS
 from pcd_engine.schema.fields import FieldSpec, Label, LabelValue, Preset, Schema, flag_key
 from pcd_engine.schema.json_reader import from_json_schema
-from pcd_engine.schema.presets import PRESET_FILE_KEYS, from_preset, is_preset_field, load_preset
+from pcd_engine.schema.presets import PRESET_FILE_KEYS, PRESET_TYPES, from_preset, is_preset_field, load_preset
 from pcd_engine.schema.pydantic_reader import from_pydantic
 
 __all__ = [
@@ -75,6 +76,15 @@ def compile_schema(schema: Any) -> Schema:
             return load_preset(schema).schema
         if "properties" in schema or "$ref" in schema or schema.get("type") == "object":
             return from_json_schema(schema)
+        if schema and all(isinstance(v, Mapping) for v in schema.values()):  # field -> options: a preset dict
+            name, field = next((k, v) for k, v in schema.items() if not is_preset_field(v))
+            given = field.get("type")
+            close = difflib.get_close_matches(str(given), PRESET_TYPES, n=1) if given is not None else []
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise SchemaError(
+                f"Field {str(name)!r}: expected a preset field whose 'type' is one of {list(PRESET_TYPES)}, but got "
+                f"{'no type' if given is None else f'type {given!r}'}.{hint}"
+            )
         raise SchemaError(
             "Schema: expected a JSON Schema with 'properties', a preset dict of {'type': 'enum'|'boolean'|...} "
             f"fields, or a preset file with 'schema', but got a dict with keys {sorted(schema)[:8]}."

@@ -132,7 +132,35 @@ def _validator(schema_json: str) -> Any:
     import jsonschema
 
     schema = json.loads(schema_json)
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    return jsonschema.Draft202012Validator(schema, format_checker=_format_checker())
+
+
+@lru_cache(maxsize=1)
+def _format_checker() -> Any:
+    """jsonschema's format checks, with ``date-time`` and ``time`` checked too (jsonschema leaves them unchecked
+    unless an optional package is installed): an ISO 8601 date and time of day, as Python reads them."""
+    import datetime
+
+    import jsonschema
+
+    checker = jsonschema.FormatChecker()
+
+    @checker.checks("date-time", raises=ValueError)
+    def _date_time(value: object) -> bool:
+        if not isinstance(value, str):
+            return True
+        if len(value) < 11 or value[10] not in "Tt ":
+            raise ValueError(f"{value!r} has no time of day")
+        datetime.datetime.fromisoformat(value[:-1] + "+00:00" if value[-1:] in "Zz" else value)
+        return True
+
+    @checker.checks("time", raises=ValueError)
+    def _time(value: object) -> bool:
+        if isinstance(value, str):
+            datetime.time.fromisoformat(value[:-1] + "+00:00" if value[-1:] in "Zz" else value)
+        return True
+
+    return checker
 
 
 def is_valid(schema: Mapping[str, Any] | bool, value: Any) -> bool:

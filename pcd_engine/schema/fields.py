@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -67,6 +68,8 @@ class FieldSpec:
         max_items: For ``multi``: the most values the list holds, or ``None`` for no limit.
         schema_json: For ``open``: the value's self-contained JSON Schema, as canonical JSON text.
         max_tokens: For ``open``: the most tokens to generate for the value, or ``None`` for the engine's default.
+        default_json: For ``open``: the field's default value (its schema's ``default``) as JSON text, or ``None``:
+            what the field holds when nothing the model wrote can be completed into a valid value.
     """
 
     name: str
@@ -78,6 +81,12 @@ class FieldSpec:
     max_items: int | None = None
     schema_json: str | None = None
     max_tokens: int | None = None
+    default_json: str | None = None
+
+    @property
+    def default(self) -> tuple[bool, Any]:
+        """``(True, value)`` for a field with a default (:attr:`default_json`), else ``(False, None)``."""
+        return (False, None) if self.default_json is None else (True, json.loads(self.default_json))
 
     @property
     def values(self) -> tuple[LabelValue, ...]:
@@ -267,6 +276,13 @@ def label_of(value: Any, *, field_name: str) -> Label:
     )
 
 
+def _reading(text: str) -> str:
+    """A label as a reader tells it from others: compatibility-normalized (NFKC: full-width and ligature forms),
+    without invisible format characters (zero-width spaces and joiners, direction marks), stripped and case-folded."""
+    shown = "".join(ch for ch in unicodedata.normalize("NFKC", text) if unicodedata.category(ch) != "Cf")
+    return shown.strip().casefold()
+
+
 def labels_of(values: Sequence[Any], *, field_name: str) -> tuple[Label, ...]:
     if len(values) == 0:
         raise SchemaError(
@@ -276,10 +292,15 @@ def labels_of(values: Sequence[Any], *, field_name: str) -> tuple[Label, ...]:
     seen: dict[Any, Any] = {}
     for v in values:
         # bool is an int in Python: keep True and 1 apart.
-        key = (type(v).__name__ if isinstance(v, bool) else "n", v.strip() if isinstance(v, str) else v)
+        key = (type(v).__name__ if isinstance(v, bool) else "n", _reading(v) if isinstance(v, str) else v)
         if key in seen:
             other = seen[key]
-            how = "twice" if other == v else f"as {other!r} and {v!r}, which differ only by surrounding whitespace"
+            how = (
+                "twice"
+                if other == v
+                else f"as {other!r} and {v!r}, which differ only by case, width, surrounding whitespace or invisible "
+                "characters (a reader cannot tell which is meant)"
+            )
             raise SchemaError(
                 f"Field {field_name!r}: expected distinct allowed values, but got {v!r} {how}. Remove the duplicate."
             )
@@ -366,6 +387,7 @@ def build_schema(title: str, description: str | None, specs: list[FieldSpec], *,
                     s.max_items,
                     s.schema_json,
                     s.max_tokens,
+                    *([] if s.default_json is None else [s.default_json]),  # older fingerprints unchanged
                 ]
                 for s in specs
             ],

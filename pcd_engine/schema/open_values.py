@@ -19,6 +19,7 @@ class NotClosed(Exception):
     """Internal: the annotation or node is not a closed choice; the field is open (generated)."""
 
 
+_NONE = object()
 UNCONSTRAINED_HINT = "Give it a concrete type (str, int, a nested model, a list of one) or a Literal of the values."
 
 
@@ -26,16 +27,36 @@ def open_field(
     name: str, node: Mapping[str, Any], root: Mapping[str, Any], description: str | None, depends_on: Sequence[str] = ()
 ) -> FieldSpec:
     """An open field from its JSON Schema node: references inlined, constraints checked, prompt text kept apart."""
-    value = inline_refs(node, root, field_name=name, trail=())
+    value = _without_discriminators(inline_refs(node, root, field_name=name, trail=()))
     max_tokens = value.pop("x-max-tokens", None) if isinstance(value, dict) else None
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         raise SchemaError(f"Field {name!r}: expected x-max-tokens to be a positive integer, but got {max_tokens!r}.")
+    default = value.get("default", _NONE) if isinstance(value, dict) else _NONE
     for key in ("title", "default", "description", "x-depends-on", "examples"):
         value.pop(key, None)
     check_keywords(name, value)
     _check_constrained(name, value, where="")
     text = json.dumps(value, ensure_ascii=False)  # key order kept: it is the order the value is written in
-    return FieldSpec(name, "open", (), description, tuple(depends_on), schema_json=text, max_tokens=max_tokens)
+    try:  # kept apart from the value's schema (it is not written into the prompt), used when nothing else is valid
+        default_json = None if default is _NONE else json.dumps(default, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        default_json = None
+    return FieldSpec(
+        name, "open", (), description, tuple(depends_on), schema_json=text, max_tokens=max_tokens,
+        default_json=default_json,
+    )  # fmt: skip
+
+
+def _without_discriminators(node: Any) -> Any:
+    """``node`` without OpenAPI's ``discriminator`` (what Pydantic writes for a discriminated union): not a JSON
+    Schema keyword, and redundant beside the ``oneOf``/``anyOf`` it annotates, whose branches each fix the tag
+    property to their own value; kept where there is no such union to do its work."""
+    if isinstance(node, list):
+        return [_without_discriminators(v) for v in node]
+    if not isinstance(node, Mapping):
+        return node
+    union = "oneOf" in node or "anyOf" in node
+    return {k: _without_discriminators(v) for k, v in node.items() if not (k == "discriminator" and union)}
 
 
 def inline_refs(node: Any, root: Mapping[str, Any], *, field_name: str, trail: tuple[str, ...], depth: int = 0) -> Any:

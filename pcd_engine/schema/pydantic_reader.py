@@ -16,7 +16,7 @@ from typing import Any, Literal, Union
 from pcd_engine.errors import SchemaError
 from pcd_engine.schema.constraints import WideRange, int_values, number_bound
 from pcd_engine.schema.fields import FieldSpec, Schema, boolean_field, build_schema, enum_field, labels_of, multi_field
-from pcd_engine.schema.open_values import UNCONSTRAINED_HINT, NotClosed, open_field
+from pcd_engine.schema.open_values import UNCONSTRAINED_HINT, NotClosed, open_field, resolve_ref
 
 __all__ = ["from_pydantic"]
 
@@ -119,6 +119,14 @@ def from_pydantic(model: type) -> Schema:
         except NotClosed:
             if root is None:
                 root = _model_json_schema(model, key)
+            if "properties" not in root:  # the model's own schema is a $ref to itself: it contains itself
+                own = resolve_ref(root, root, field_name=key)
+                through = [k for k, node in own.get("properties", {}).items() if str(root["$ref"]) in str(node)]
+                raise SchemaError(
+                    f"Field {through[0] if through else key!r}: expected a non-recursive schema, but "
+                    f"{model.__name__!r} contains itself through it. pcd cannot bound a recursive value; flatten the "
+                    "model or cut the recursion at a fixed depth."
+                ) from None
             specs.append(open_field(key, root["properties"][key], root, info.description))
     doc = model.__doc__
     if doc is not None:

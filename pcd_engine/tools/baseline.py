@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pydantic_core
 
 from pcd_engine.errors import BackendUnavailableError, ContextError, pip_install, require
-from pcd_engine.generate.open_rows import walk_json
+from pcd_engine.generate.values import walk_json
 from pcd_engine.schema import Schema, compile_schema
 
 if TYPE_CHECKING:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,20 @@ def output_path(output: str | os.PathLike[str]) -> Path:
         raise InputError(
             f"Output {str(path)!r}: expected an existing folder {str(path.parent)!r}, but it does not exist."
         )
+    if not path.parent.is_dir():
+        raise InputError(f"Output {str(path)!r}: expected {str(path.parent)!r} to be a folder, but it is a file.")
+    for what, there in (("the table", path), ("its parts folder", Path(f"{path}.parts"))):
+        if there.exists() and there.is_dir() != (what != "the table"):
+            kind = "a folder" if there.is_dir() else "a file"
+            raise InputError(f"Output {str(path)!r}: expected {what} {str(there)!r} to be pcd's own, but it is {kind}.")
+    try:  # a read-only or pseudo filesystem (/proc, /sys) says so here, not after the model has loaded
+        with tempfile.TemporaryFile(dir=path.parent):
+            pass
+    except OSError as exc:
+        raise InputError(
+            f"Output {str(path)!r}: expected a folder pcd can write in, but creating a file in {str(path.parent)!r} "
+            f"failed ({exc.strerror or exc})."
+        ) from None
     return path
 
 

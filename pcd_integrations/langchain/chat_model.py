@@ -34,7 +34,7 @@ from pcd_engine.options import surface_options
 from pcd_engine.result import TokenUsage
 from pcd_engine.run.admission import check_text
 from pcd_engine.tool_calls import Tool, choice_of, decide_tools
-from pcd_integrations._shared import read_settings, refuse_sampling, shared_engine
+from pcd_integrations._shared import read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.langchain.messages import (
     METHODS,
     ROLES,
@@ -252,12 +252,12 @@ class ChatPCD(BaseChatModel):
                 raise answer
             yield last_chunk(answer)
             return
-        refuse_sampling("ChatPCD", self.temperature)
+        refuse_sampling("ChatPCD", kwargs.get("temperature", self.temperature))  # a call's own is refused too
         turns = [ChatMessage(ROLES.get(m.type, "user"), message_text(m)) for m in messages]
         limit = int(kwargs.get("max_tokens", self.max_tokens))
-        chunks = stream_chat(
-            self.get_engine(), turns, max_new_tokens=limit, stop=stop or self.stop or (), time_limit_s=self.timeout
-        )
+        engine = self.get_engine()
+        seconds = reply_time_limit(engine, kwargs.get("timeout", self.timeout))
+        chunks = stream_chat(engine, turns, max_new_tokens=limit, stop=stop or self.stop or (), time_limit_s=seconds)
         for piece in chunks:
             if piece.finish_reason is None:
                 chunk = ChatGenerationChunk(message=AIMessageChunk(content=piece.text))

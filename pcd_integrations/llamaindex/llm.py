@@ -33,7 +33,7 @@ from pcd_engine.generate.free_text import document_text
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import surface_options
 from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
-from pcd_integrations._shared import read_settings, refuse_sampling, shared_engine
+from pcd_integrations._shared import read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.llamaindex.program import PCDPydanticProgram
 
 __all__ = ["PCDLLM"]
@@ -157,11 +157,13 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
     def _free_text(self, turns: Sequence[ChatMessage], **kwargs: Any) -> Iterator[tuple[str, str]]:
         """``(text so far, delta)`` of the greedy reply to ``turns``, written with the model's own chat template;
         ``max_tokens`` and ``stop`` of the call win over the model's."""
-        refuse_sampling("PCDLLM", self.temperature)
+        refuse_sampling("PCDLLM", kwargs.get("temperature", self.temperature))  # a call's own is refused too
         limit = int(kwargs.get("max_tokens") or self.max_tokens)
         stop = kwargs.get("stop") or self.stop or ()
+        engine = self.get_engine()
+        seconds = reply_time_limit(engine, kwargs.get("timeout", self.timeout))
         text = ""
-        for piece in stream_chat(self.get_engine(), turns, max_new_tokens=limit, stop=stop, time_limit_s=self.timeout):
+        for piece in stream_chat(engine, turns, max_new_tokens=limit, stop=stop, time_limit_s=seconds):
             if piece.text:
                 text += piece.text
                 yield text, piece.text

@@ -466,6 +466,8 @@ def test_timeout_bounds_structured_calls_and_free_text(tiny_engine, monkeypatch)
         llm.invoke("Hello")
     with pytest.raises(ValueError, match="timeout"):
         ChatPCD(engine=tiny_engine, timeout=0)
+    with pytest.raises(ValueError, match="temperature=0.7 asks for sampled free text"):  # a call's own, not dropped
+        ChatPCD(engine=tiny_engine, max_tokens=4).invoke("Hello", temperature=0.7)
 
 
 def test_an_explicit_max_tokens_bounds_open_fields_of_structured_output(tiny_engine, monkeypatch):

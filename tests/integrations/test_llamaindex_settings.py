@@ -69,6 +69,8 @@ def test_timeout_bounds_structured_predictions_and_free_text(tiny_engine, monkey
         PCDLLM(engine=tiny_engine, timeout=1e-9, max_tokens=8).complete("Hello")
     with pytest.raises(OptionError, match="timeout"):
         PCDLLM(engine=tiny_engine, timeout=0)
+    with pytest.raises(OptionError, match="temperature=0.7 asks for sampled free text"):  # a call's own, not dropped
+        PCDLLM(engine=tiny_engine, max_tokens=4).complete("Hello", temperature=0.7)
 
 
 def test_model_name_typos_and_unknown_arguments(tiny_engine, monkeypatch):

@@ -668,6 +668,32 @@ def test_server_limits_and_deep_bodies_are_4xx(app_client):
         assert next(iter(options)) in error["message"]
 
 
+def test_server_refuses_what_the_python_api_refuses_and_never_cuts_a_limit_silently(app_client):
+    """Issue 45: a NaN or negative temperature was accepted on the OpenAI routes (the Python API refuses both), and
+    a max_tokens above the server's cap was cut to it without a word."""
+    client = app_client(max_new_tokens=32)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    schema = {"type": "json_schema", "json_schema": {"name": "T", "schema": {"type": "object", "properties": {
+        "urgent": {"type": "boolean"}}, "required": ["urgent"]}}}  # fmt: skip
+    for path, body in (
+        ("/v1/chat/completions", chat),
+        ("/v1/chat/completions", {**chat, "response_format": schema}),
+        ("/v1/completions", {"model": "m", "prompt": "Once"}),
+    ):
+        for bad in (-0.5, float("nan"), "warm"):
+            response = client.post(path, content=json.dumps({**body, "temperature": bad}),
+                                   headers={"content-type": "application/json"})  # fmt: skip
+            assert response.status_code in (400, 422), (path, bad, response.text)
+            assert "temperature" in response.json()["error"]["message"], (path, bad)
+        response = client.post(path, json={**body, "max_tokens": 33})
+        assert response.status_code == 400, (path, response.text)
+        error = response.json()["error"]
+        assert error["param"] == "max_tokens" and "expected at most 32 tokens" in error["message"]
+        assert client.post(path, json={**body, "max_tokens": 4, "temperature": 0}).status_code == 200
+    with pytest.raises(OptionError, match="temperature: expected a number > 0, but got -0.5"):
+        Engine(client.app.state.server.engine.backend).extract(TEXT, TICKET, temperature=-0.5)
+
+
 def test_server_baseline_checks_the_window(smol_tokenizer):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
@@ -709,6 +735,30 @@ def test_a_stalled_body_gets_408(live_slow):
                 break
             reply += chunk
     assert reply.startswith(b"HTTP/1.1 408") and b"request_timeout" in reply
+
+
+def test_a_trickled_body_gets_408_when_the_whole_body_is_late(live_slow):
+    """One byte every 0.2 s never stalls a part for the 0.5 s body timeout, but the whole body is late: a 408
+    within the timeout and a step, not after the last byte (issue 45: 24 s with a 3 s timeout before)."""
+    port, _backend = live_slow
+    body = json.dumps({"schema": {"ok": {"type": "boolean"}}, "context": TEXT}).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        head = "POST /api/extract HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        conn.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode())
+        sent, reply = 0, b""
+        conn.settimeout(0.2)
+        while sent < len(body) and b"request_timeout" not in reply:
+            try:
+                conn.sendall(body[sent : sent + 1])
+            except OSError:
+                break
+            sent += 1
+            try:
+                reply += conn.recv(4096)
+            except TimeoutError:
+                pass
+    assert reply.startswith(b"HTTP/1.1 408") and b"expected the whole body within 0.5 s" in reply
+    assert sent < 10  # about 0.5 s of a byte every 0.2 s, far from the body's end
 
 
 def test_stalled_headers_close_the_connection(live_slow):

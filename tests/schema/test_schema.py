@@ -313,7 +313,10 @@ def test_json_schema_open_and_multi_fields(node, kind):
             {"x": {"type": "enum", "choices": ["a", "a"]}},
             r"Field 'x': expected distinct allowed values, but got 'a' twice",
         ),
-        ({"x": {"type": "enum", "choices": ["a", " a "]}}, r"differ only by surrounding whitespace"),
+        ({"x": {"type": "enum", "choices": ["a", " a "]}}, r"differ only by .*surrounding whitespace"),
+        ({"x": {"type": "enum", "choices": ["Refund", "refund"]}}, r"'Refund' and 'refund', which differ only by case"),
+        ({"x": {"type": "enum", "choices": ["ok", "o\u200bk"]}}, r"differ only by .*invisible characters"),
+        ({"x": {"type": "multi", "choices": ["\uff21", "A"]}}, r"differ only by case, width"),  # full-width A
         (
             {"x": {"type": "enum", "choices": [1.5]}},
             r"Field 'x': expected every allowed value to be a str, int, bool or null",
@@ -409,3 +412,34 @@ def test_grade_an_answer_against_the_schema():
     assert bad.extra == ("extra",) and not bad.valid
     assert bad.having("missing") == ["urgent"]
     assert bad.errors(answer) == ["invalid value for 'mood': 'angry'", "missing key 'urgent'", "extra key 'extra'"]
+
+
+def test_messages_name_the_thing_refused(tiny_engine):
+    """Issue 45: a pattern the generator cannot compile, number bounds it cannot write, a discriminated union and a
+    preset type typo each get a message naming the thing (before: a reason cut mid-word, a grammar parse failure,
+    an unknown 'mapping' keyword, a dict's keys)."""
+    text = "Order ABC123 for 0.7 euros, a cat."
+    look = {"properties": {"code": {"type": "string", "pattern": "^(?=.*[0-9])[A-Z]{3}$"}}}
+    before = tiny_engine.backend.forward_passes
+    with pytest.raises(SchemaError, match=r"cannot compile the pattern '\^\(\?=\.\*\[0-9\]\)\[A-Z\]\{3\}\$': look-ar"):
+        tiny_engine.extract(text, look)
+    tiny = {"properties": {"amount": {"type": "number", "minimum": 1e-320}}}
+    with pytest.raises(SchemaError, match=r"cannot write the number bounds \(minimum 1e-320\) as a pattern"):
+        tiny_engine.extract(text, tiny)
+    assert tiny_engine.backend.forward_passes == before
+
+    class Cat(BaseModel):
+        kind: Literal["cat"]
+        meow: bool
+
+    class Dog(BaseModel):
+        kind: Literal["dog"]
+        bark: bool
+
+    class Pet(BaseModel):
+        pet: Annotated[Cat | Dog, Field(discriminator="kind")]
+
+    out = tiny_engine.extract(text, Pet, max_tokens=24)
+    assert Pet.model_validate(out.values).pet.kind in ("cat", "dog")
+    with pytest.raises(SchemaError, match=r"Field 'x': .* but got type 'enmu'\. Did you mean 'enum'\?"):
+        compile_schema({"x": {"type": "enmu", "choices": ["a"]}, "y": {"type": "boolean"}})

@@ -389,6 +389,16 @@ def test_pcd_tag_errors_are_one_line_before_the_model_loads(capsys, tmp_path, fa
     assert_one_line(
         *run_cli(capsys, *base[:3], "--input", str(tmp_path / "nope.csv"), *base[-2:], *schema)[::2], "nope"
     )
+    # issue 45: an output under a file or a pseudo-filesystem, refused by name before anything loads or is fitted
+    (tmp_path / "plain.txt").write_text("x")
+    (tmp_path / "taken.parquet").mkdir()
+    for output, needle in (
+        (tmp_path / "plain.txt" / "o.parquet", "to be a folder, but it is a file"),
+        (Path("/proc/o.parquet"), "expected a folder pcd can write in"),
+        (tmp_path / "taken.parquet", "to be pcd's own, but it is a folder"),
+    ):
+        argv = [*base[:-1], str(output), *schema, "--calibrate", "5"]
+        assert_one_line(*run_cli(capsys, *argv)[::2], str(output), needle)
 
 
 # ------------------------------------------------------------------------------------------------ faults

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import BackendUnavailableError, pip_install
+from pcd_engine.errors import BackendUnavailableError, check_count, pip_install
 from pcd_engine.limits import SERVER_LIMITS, RequestLimits
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import check_batch_size
@@ -34,12 +34,18 @@ def add(sub: Any) -> None:
         default=limits.max_generated_tokens,
         help="tokens generated per request over all open fields (0: no limit)",
     )
+    p.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=512,
+        help="the most tokens of one free-text reply, and the most a request's max_tokens may ask for (default: 512)",
+    )
     p.add_argument("--time-limit", type=float, default=limits.time_limit_s, help="seconds per request (0: no limit)")
     p.add_argument(
         "--body-timeout",
         type=float,
         default=10.0,
-        help="seconds to wait for a request's headers and each part of its body",
+        help="seconds to wait for a request's headers, and for its whole body",
     )
     p.add_argument(
         "--allow-host", action="append", default=[], metavar="NAME", help="another Host name to accept (repeatable)"
@@ -82,6 +88,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit or None,
     )
     check_batch_size(args.max_batch)  # before the model loads
+    check_count(args.max_new_tokens, "pcd serve --max-new-tokens")
     api_key = args.api_key or os.environ.get("PCD_API_KEY") or None
     loopback = args.host in ("localhost", "127.0.0.1", "::1")
     if not loopback and not api_key:
@@ -97,6 +104,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(
         engine,
         model_name=args.name or args.model,
+        max_new_tokens=args.max_new_tokens,
         limits=limits,
         body_timeout_s=args.body_timeout,
         host=args.host,

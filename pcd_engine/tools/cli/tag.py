@@ -64,7 +64,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     from pcd_engine.models.resolve import resolve_model
     from pcd_engine.schema import compile_schema
     from pcd_engine.tools.corpus import read_corpus
-    from pcd_engine.tools.tag_output import check_output, job_identity
+    from pcd_engine.tools.tag_output import check_output, job_identity, output_path
     from pcd_engine.tools.tag_table import tag_columns
     from pcd_engine.tools.tagging import engine_parts, run_tag_job
 
@@ -75,6 +75,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     for flag in ("part_size", "concurrency"):
         check_count(getattr(args, flag), f"pcd tag --{flag.replace('_', '-')}", optional=False)
     check_batch_size(args.batch_size)
+    output_path(args.output)  # a path that cannot take the table, before anything loads or is fitted
     schema = compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
     tag_columns(schema, reserved=["id"])
     docs = read_corpus(args.input, text_column=args.text_column, id_column=args.id_column, limit=args.limit)

@@ -351,13 +351,21 @@ def _arguments(raw: Any) -> dict[str, Any]:
 
 
 def token_limit(value: int | None, server: Server, *, param: str) -> int:
-    """A request's token limit for free text, capped by the server's.
+    """A request's token limit for free text: its own, or the server's when it names none.
 
     Raises:
-        HTTPError: 400 when it is not positive.
+        HTTPError: 400 when it is not positive, or above the server's (never cut down without a word).
     """
     _check_limit(value, param)
-    return min(value or server.max_new_tokens, server.max_new_tokens)
+    if value is not None and value > server.max_new_tokens:
+        raise HTTPError(
+            400,
+            "invalid_request",
+            f"{param}: expected at most {server.max_new_tokens} tokens (this server's --max-new-tokens), but got "
+            f"{value}.",
+            param=param,
+        )
+    return value or server.max_new_tokens
 
 
 def _check_limit(value: int | None, param: str) -> None:
@@ -376,9 +384,22 @@ def extract_options(server: Server, pcd: Any, temperature: Any, limit: int | Non
     """
     options = server.client_options(pcd, where="pcd")
     _check_limit(limit, param)
-    # OpenAI's temperature reshapes the probabilities when positive; otherwise the engine's (as documented)
-    positive = isinstance(temperature, (int, float)) and not isinstance(temperature, bool) and temperature > 0
-    return surface_options(temperature=temperature if positive else None, max_tokens=limit).over(options)
+    check_temperature(temperature)
+    # OpenAI's temperature reshapes the probabilities when positive; 0 or none: the engine's (as documented)
+    return surface_options(temperature=temperature, max_tokens=limit).over(options)
+
+
+def check_temperature(temperature: Any) -> None:
+    """OpenAI's ``temperature`` as the Python API takes it: none, or a number >= 0 (NaN, negatives, strings and
+    booleans refused, as everywhere else).
+
+    Raises:
+        HTTPError: 400 naming ``temperature``.
+    """
+    try:
+        surface_options(temperature=temperature)
+    except OptionError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param="temperature") from None
 
 
 def stops(raw: str | Sequence[str] | None) -> list[str]:

@@ -53,7 +53,7 @@ def create_app(
         max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
         limits: What one extraction may ask for (labels, generated tokens, seconds); over a size limit is a 400
             before any model work, over the time limit a 504.
-        body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+        body_timeout_s: Seconds a client may take to send its whole request body before a 408.
         host: The address the server is bound to; requests may name it in their ``Host`` header.
         allowed_hosts: More host names requests may use (a reverse proxy's name); loopback names always work.
         aliases: Other names ``/v1`` accepts for the model (``default`` always works).

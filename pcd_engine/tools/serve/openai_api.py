@@ -37,6 +37,7 @@ from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
     chat_messages,
+    check_temperature,
     decide,
     extract_options,
     function_tool,
@@ -83,6 +84,7 @@ def openai_router(server: Server) -> APIRouter:
 async def _completion_reply(server: Server, body: CompletionRequest) -> Any:
     """The greedy continuation of a raw prompt, as a ``text_completion`` (streamed when asked)."""
     limit = token_limit(16 if body.max_tokens is None else body.max_tokens, server, param="max_tokens")
+    check_temperature(body.temperature)  # accepted (the continuation is greedy), but not NaN or negative
     prompt = body.prompt if isinstance(body.prompt, str) else body.prompt[0]
     chunks = stream_text(
         server.engine, prompt, max_new_tokens=limit, stop=stops(body.stop), time_limit_s=server.limits.time_limit_s

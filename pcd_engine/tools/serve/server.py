@@ -38,7 +38,7 @@ class Server:
         max_body_bytes: Larger request bodies get 413.
         max_new_tokens: Upper bound on generated tokens for free text and the streamed baseline.
         limits: What one extraction may ask for (labels, generated tokens, seconds).
-        body_timeout_s: Seconds a client may take to send each piece of its request body before a 408.
+        body_timeout_s: Seconds a client may take to send its whole request body before a 408.
         aliases: Other names requests may use for the model (``default``, the alias, the folder).
         collector: Collects concurrent extractions into shared batches (one pass per wave for all of them);
             ``None`` runs each alone.
@@ -88,13 +88,15 @@ class Server:
             raise too_large
         body = bytearray()
         chunks = request.stream().__aiter__()
+        clock = asyncio.get_running_loop()
+        deadline = clock.time() + self.body_timeout_s  # for the whole body: a trickle of bytes cannot extend it
         while True:
             try:
-                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=self.body_timeout_s)
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.0, deadline - clock.time()))
             except StopAsyncIteration:
                 break
             except asyncio.TimeoutError:
-                message = f"Request body: expected each part within {self.body_timeout_s:g} s."
+                message = f"Request body: expected the whole body within {self.body_timeout_s:g} s."
                 raise HTTPError(408, "request_timeout", message) from None
             body += chunk
             if len(body) > self.max_body_bytes:
