@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Collection, Mapping
 from typing import Any, Literal
 
-from pcd_engine import Engine, OptionError
+from pcd_engine import Engine, OptionError, PCDError
 
 __all__ = ["calibration_json", "read_settings", "refuse_sampling", "shared_engine"]
 
@@ -87,6 +87,17 @@ def calibration_json(value: Any, *, owner: str) -> dict[str, Any] | None:
     raise OptionError(
         f"{owner} calibration: expected a Calibrator, its JSON or the path of its file, but got {type(value).__name__}."
     )
+
+
+def own_error(exc: Exception) -> Exception:
+    """pcd's own error inside a pydantic ``ValidationError`` (what a model validator's OptionError becomes when
+    pydantic builds an adapter), so the caller gets pcd's typed error, not pydantic's wrapper; ``exc`` otherwise."""
+    errors = exc.errors() if hasattr(exc, "errors") else []
+    for error in errors:
+        inner = (error.get("ctx") or {}).get("error")
+        if isinstance(inner, PCDError):
+            return inner
+    return exc
 
 
 def reply_time_limit(engine: Any, timeout: float | None) -> float | None:

@@ -101,9 +101,15 @@ class TagOutput:
         if not self.job_file.exists():
             return None
         try:
-            return dict(json.loads(self.job_file.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
+            job = json.loads(self.job_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
             raise InputError(f"Output parts {str(self.parts)!r}: expected a readable job.json ({exc}).") from None
+        if not isinstance(job, dict):
+            raise InputError(
+                f"Output parts {str(self.parts)!r}: expected job.json to hold a JSON object, but got "
+                f"{type(job).__name__}. Pass --overwrite (overwrite=True) to start again."
+            )
+        return job
 
     def _job_of_output(self) -> dict[str, Any] | None:
         if not self.path.exists():

@@ -18,7 +18,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.tools import BaseTool
 from langchain_core.utils.function_calling import convert_to_openai_tool
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from pcd_engine import (
     ChatMessage,
@@ -34,7 +34,7 @@ from pcd_engine.options import surface_options
 from pcd_engine.result import TokenUsage
 from pcd_engine.run.admission import check_text
 from pcd_engine.tool_calls import Tool, choice_of, decide_tools
-from pcd_integrations._shared import read_settings, refuse_sampling, reply_time_limit, shared_engine
+from pcd_integrations._shared import own_error, read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.langchain.messages import (
     METHODS,
     ROLES,
@@ -180,7 +180,10 @@ class ChatPCD(BaseChatModel):
         return surface_options(*layers, ("ChatPCD options", self.options), **self._setting_values())
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except ValidationError as exc:  # a setting pcd refused: its own typed error, not pydantic's wrapper
+            raise own_error(exc) from None
         self._call_options()  # a bad option or setting fails here, as an OptionError
 
     def get_token_ids(self, text: str) -> list[int]:

@@ -464,8 +464,9 @@ def test_timeout_bounds_structured_calls_and_free_text(tiny_engine, monkeypatch)
     llm = ChatPCD(engine=tiny_engine, timeout=1e-9, max_tokens=8)
     with pytest.raises(RequestTimeout, match="time limit of 1e-09 s"):
         llm.invoke("Hello")
-    with pytest.raises(ValueError, match="timeout"):
+    with pytest.raises(ValueError, match="timeout") as caught:
         ChatPCD(engine=tiny_engine, timeout=0)
+    assert type(caught.value).__name__ == "OptionError"  # pcd's own error, not pydantic's wrapper (issue 45)
     with pytest.raises(ValueError, match="temperature=0.7 asks for sampled free text"):  # a call's own, not dropped
         ChatPCD(engine=tiny_engine, max_tokens=4).invoke("Hello", temperature=0.7)
 

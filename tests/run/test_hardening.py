@@ -785,3 +785,51 @@ def test_a_disconnected_clients_work_is_cancelled(live_slow):
     time.sleep(0.5)
     assert backend.forward_passes == settled
     assert settled < 150  # far short of the 400-token row
+
+
+# ---------------------------------------------------------------------------------------------- 7. every surface
+
+SURFACE_CASES = [  # issue 45: each class of bad input, and what the refusal must name
+    ({"$ref": "#/$defs/Node", "$defs": {"Node": {"type": "object", "properties": {"name": {"type": "string"},
+      "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}}}, "non-recursive schema"),
+    ({"x": {"type": "enum", "choices": ["Refund", "refund"]}}, "differ only by case"),
+    ({"x": {"type": "enmu", "choices": ["a"]}}, "Did you mean 'enum'"),
+    ({"properties": {"x": {"type": "number", "minimum": 1e-320}}}, "cannot write the number bounds"),
+    ({"properties": {"x": {"type": "string", "pattern": "^(?=a)b$"}}}, "cannot compile the pattern"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("schema", "needle"), SURFACE_CASES, ids=["recursive", "case", "typo", "bound", "pattern"])
+def test_each_class_is_a_4xx_on_the_server_and_one_line_from_the_cli(app_client, tiny_folder, tmp_path, capsys,
+                                                                      schema, needle):  # fmt: skip
+    """The same typed refusal on every surface: a 4xx naming it on the server (never a 500), one line and exit 1
+    from ``pcd run``, before any model work on both."""
+    from pcd_engine.tools.cli import main
+
+    client = app_client()
+    engine = client.app.state.server.engine
+    before = engine.backend.forward_passes
+    response = client.post("/api/extract", json={"schema": schema, "context": TEXT})
+    assert 400 <= response.status_code < 500 and needle in response.json()["error"]["message"]
+    assert engine.backend.forward_passes == before
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "c.txt").write_text(TEXT)
+    code = main(["run", tiny_folder, "--schema", str(tmp_path / "s.json"), "--context", str(tmp_path / "c.txt"), "-q"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(err) == 1 and needle in err[0] and "Traceback" not in err[0]
+
+
+def test_a_tampered_calibration_is_one_line_from_the_cli(tiny_folder, tmp_path, capsys):
+    from pcd_engine.calibrate.calibrator import Calibrator
+    from pcd_engine.tools.cli import main
+
+    schema = {"urgent": {"type": "boolean"}}
+    data = Calibrator.from_distributions(compile_schema(schema), {"urgent": [[0.7, 0.3]]}, model="m").to_json()
+    data["fields"][0]["bias"] = [float("nan"), 0.5]
+    (tmp_path / "cal.json").write_text(json.dumps(data))
+    (tmp_path / "s.json").write_text(json.dumps(schema))
+    (tmp_path / "c.txt").write_text(TEXT)
+    argv = ["run", tiny_folder, "--schema", str(tmp_path / "s.json"), "--context", str(tmp_path / "c.txt"), "-q"]
+    assert main([*argv, "--calibration", str(tmp_path / "cal.json")]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "expected each bias value in (0, 1], but got nan" in err[0]

@@ -319,6 +319,12 @@ def test_another_job_on_the_same_output_is_refused_until_overwrite(engine, tmp_p
         check_output(tmp_path / "out.csv", identity)
     with pytest.raises(InputError, match="existing folder"):
         check_output(tmp_path / "no" / "out.parquet", identity)
+    damaged = tmp_path / "damaged.parquet"
+    (tmp_path / "damaged.parquet.parts").mkdir()
+    for text, needle in (("[1, 2]", "expected job.json to hold a JSON object, but got list"), ("{", "readable")):
+        (tmp_path / "damaged.parquet.parts" / "job.json").write_text(text)  # a job file is untrusted too (issue 45)
+        with pytest.raises(InputError, match=needle):
+            check_output(damaged, identity)
     from filelock import FileLock
 
     with FileLock(str(tmp_path / "out.parquet.lock")):
