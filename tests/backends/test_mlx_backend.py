@@ -100,10 +100,13 @@ def test_gpt_oss_experts_in_transformers_layout_compute_the_same_in_mlx_lms():
 def test_load_errors_are_typed(tmp_path):
     from pcd_engine.backends.mlx import MLXBackend
 
-    with pytest.raises(ModelLoadError, match=r"Model '.*': expected a local MLX/transformers model folder"):
-        MLXBackend.load(str(tmp_path))
+    with pytest.raises(ModelLoadError, match=r"Model '.*': expected a model folder with a config.json"):
+        MLXBackend.load(str(tmp_path))  # the one folder check, before mlx-lm sees it
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-arch"}))
-    with pytest.raises(ModelLoadError, match="mlx_lm.load failed"):
+    with pytest.raises(ModelLoadError, match=r"expected weights in \*.safetensors files, but the folder holds none"):
+        MLXBackend.load(str(tmp_path))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="expected a local MLX/transformers model folder .* mlx_lm.load failed"):
         MLXBackend.load(str(tmp_path))
     with pytest.raises(OptionError, match="dtype: expected 'float32', 'bfloat16' or 'float16', but got 'int8'"):
         MLXBackend.load(str(tmp_path), dtype="int8")
