@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
 from pcd_engine.decide.tree import TreeBatch
@@ -709,3 +710,45 @@ def write_truncated_gguf(source: Path, out: Path, *, layers: int) -> Path:
         writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
     writer.close()
     return out
+
+
+# ------------------------------------------------------------------------------------------------ fuzzing files
+
+JSON_LEAVES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.sampled_from([10**400, -(10**400)]),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=8),
+)
+JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
+    st.text(max_size=6), inner, max_size=4), max_leaves=8)  # fmt: skip
+
+
+def json_paths(data, prefix=()):
+    """Every path into a JSON value, itself first."""
+    yield prefix
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from json_paths(value, (*prefix, key))
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            yield from json_paths(value, (*prefix, i))
+
+
+@st.composite
+def json_mutations(draw, good):
+    """``good`` (a JSON value) with one to three of its entries replaced by any JSON value or removed: how a
+    damaged or tampered file looks, for fuzz tests of what pcd reads."""
+    data = copy.deepcopy(good)
+    for _ in range(draw(st.integers(1, 3))):
+        where = draw(st.sampled_from(list(json_paths(data))[1:]))
+        parent = data
+        for step in where[:-1]:
+            parent = parent[step]
+        if draw(st.booleans()) and isinstance(parent, dict):
+            del parent[where[-1]]
+        else:
+            parent[where[-1]] = draw(JSON_VALUES)
+    return data

@@ -16,7 +16,6 @@ whose labels are rare in the corpus keeps a prior estimated from few documents (
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from pcd_engine.calibrate.estimators import em_bias, mean_prior, reweight
-from pcd_engine.errors import InputError, OptionError
+from pcd_engine.calibrate.fitted import check_fitted_on, from_fitted_json, read_json_file, same_labels, write_json_file
+from pcd_engine.errors import OptionError
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = [
@@ -360,16 +360,11 @@ class Calibrator:
         Raises:
             OptionError: On a mismatch, naming both sides.
         """
-        if schema.fingerprint != self.schema_fingerprint:
-            raise OptionError(
-                f"Calibration: expected the schema it was fitted on ({self.schema_title!r}, fingerprint "
-                f"{self.schema_fingerprint}), but got {schema.title!r} (fingerprint {schema.fingerprint}); a "
-                "change to the fields, labels, their order or the prompt options needs a new calibration."
-            )
-        if model != self.model:
-            raise OptionError(
-                f"Calibration: expected the model it was fitted with ({self.model!r}), but got {model!r}."
-            )
+        check_fitted_on(
+            "Calibration", fingerprint=self.schema_fingerprint, title=self.schema_title, model=self.model,
+            schema=schema, model_id=model,
+            hint="; a change to the fields, labels, their order or the prompt options needs a new calibration",
+        )  # fmt: skip
         for prior in self.fields:  # the fingerprint is only a claim: the fields themselves must fit the schema
             _check_field(schema, prior)
 
@@ -397,11 +392,8 @@ class Calibrator:
         Raises:
             InputError: If the data is not a calibration of this format.
         """
-        if not isinstance(data, Mapping) or data.get("format") != _FORMAT:
-            got = data.get("format") if isinstance(data, Mapping) else type(data).__name__
-            raise InputError(f"{where}: expected a pcd calibration ({_FORMAT!r}), but got format {got!r}.")
-        try:
-            fields = data["fields"]
+
+        def build(data: Mapping[str, Any]) -> Calibrator:
             return cls(
                 schema_fingerprint=data["schema"]["fingerprint"],
                 schema_title=data["schema"]["title"],
@@ -409,20 +401,14 @@ class Calibrator:
                 method=data["method"],
                 documents=data["documents"],
                 examples=data.get("examples", 0),
-                fields=tuple(FieldPrior(f["name"], f["labels"], f["bias"], f["prior"]) for f in fields),
+                fields=tuple(FieldPrior(f["name"], f["labels"], f["bias"], f["prior"]) for f in data["fields"]),
             )
-        except OptionError as exc:  # the values checked where they are held, named there
-            raise InputError(f"{where}: {exc}") from None
-        except KeyError as exc:
-            raise InputError(f"{where}: expected a pcd calibration, but it has no {exc} entry.") from None
-        except TypeError as exc:
-            raise InputError(f"{where}: expected a pcd calibration, but it is malformed ({exc}).") from None
+
+        return from_fitted_json(data, where=where, kind="pcd calibration", fmt=_FORMAT, build=build)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         """Write the calibrator as JSON to ``path``."""
-        out = Path(path)
-        out.write_text(json.dumps(self.to_json(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-        return out
+        return write_json_file(path, self.to_json(), indent=2)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Calibrator:
@@ -431,13 +417,7 @@ class Calibrator:
         Raises:
             InputError: If the file is missing, not JSON, or not a calibration.
         """
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise InputError(f"Calibration {str(path)!r}: expected an existing file, but it does not exist.") from None
-        except (OSError, ValueError, RecursionError) as exc:  # unreadable, not UTF-8, not JSON, nested too deep
-            raise InputError(f"Calibration {str(path)!r}: expected a JSON file, but reading failed ({exc}).") from None
-        return cls.from_json(data, where=f"Calibration {str(path)!r}")
+        return cls.from_json(read_json_file(path, "Calibration"), where=f"Calibration {str(path)!r}")
 
 
 def result_rows(closed: Sequence[FieldSpec], results: Sequence[Mapping[str, Any]]) -> dict[str, list[list[float]]]:
@@ -461,7 +441,7 @@ def _check_field(schema: Schema, prior: FieldPrior) -> None:
     its shares (a single-label field's lean and prior each sum to 1; a multi-label field's are each below 1)."""
     spec = _closed_field(schema, prior.name)
     expected = [label.value for label in spec.labels]
-    if [(type(v), v) for v in prior.labels] != [(type(v), v) for v in expected]:
+    if not same_labels(prior.labels, expected):
         raise OptionError(
             f"Calibration field {prior.name!r}: expected the schema's labels {expected}, but got {list(prior.labels)}."
         )

@@ -16,7 +16,7 @@ from pcd_engine import Engine, compile_schema
 from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
 from pcd_engine.errors import InputError, OptionError, PCDError
 from pcd_engine.options import ExtractOptions
-from tests.support import OracleBackend, OracleLM
+from tests.support import OracleBackend, OracleLM, json_mutations
 
 TEXT = "Order 1182 arrived broken; the customer wants their money back today."
 SCHEMA = {
@@ -105,7 +105,7 @@ def test_a_file_that_does_not_fit_the_schema_is_refused_before_any_model_work(en
         ('{"x": ' + "9" * 5000 + "}", "expected a JSON file"),  # an integer with more digits than Python reads
         (b"\xff\xfe{}", "expected a JSON file"),
         ("[1, 2]", "expected a pcd calibration .* but got format 'list'"),
-        ('{"format": "pcd-calibration/1"}', "it has no 'fields' entry"),
+        ('{"format": "pcd-calibration/1"}', "it has no 'schema' entry"),
         (
             json.dumps(
                 {
@@ -139,47 +139,11 @@ def test_a_fit_never_writes_a_lean_its_own_file_refuses(engine):
 
 # ------------------------------------------------------------------------------------------------ fuzz
 
-JSON_LEAVES = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(10**30), max_value=10**30),
-    st.sampled_from([10**400, -(10**400)]),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8),
-)
-JSON_VALUES = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
-    st.text(max_size=6), inner, max_size=4), max_leaves=8)  # fmt: skip
-
-
-def paths(data, prefix=()):
-    yield prefix
-    if isinstance(data, dict):
-        for key, value in data.items():
-            yield from paths(value, (*prefix, key))
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            yield from paths(value, (*prefix, i))
-
-
-@st.composite
-def mutations(draw, good):
-    data = copy.deepcopy(good)
-    for _ in range(draw(st.integers(1, 3))):
-        where = draw(st.sampled_from(list(paths(data))[1:]))
-        parent = data
-        for step in where[:-1]:
-            parent = parent[step]
-        if draw(st.booleans()) and isinstance(parent, dict):
-            del parent[where[-1]]
-        else:
-            parent[where[-1]] = draw(JSON_VALUES)
-    return data
-
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzz_a_mutated_file_is_a_typed_error_or_a_calibration_that_fits(engine, good, data):
-    mutated = data.draw(mutations(good))
+    mutated = data.draw(json_mutations(good))
     try:
         cal = Calibrator.from_json(mutated)
     except InputError:

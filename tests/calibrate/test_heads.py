@@ -1,0 +1,140 @@
+"""Decision heads as values (issue 46, first part): the head's arithmetic equals scikit-learn's own prediction, a
+label no example shows stays possible but never wins, a saved head reloads identically, and a head file is
+untrusted input (every number and label checked; a fuzz test)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pcd_engine import compile_schema
+from pcd_engine.calibrate.heads import UNSEEN_LOG_ODDS, Head, fit_field_head
+from pcd_engine.errors import InputError, OptionError
+from tests.support import json_mutations
+
+SCHEMA = {"topic": {"type": "enum", "choices": ["business", "sport", "tech"]}, "urgent": {"type": "boolean"}}
+
+
+def clusters(per_label: int, labels: int, *, width: int = 6, seed: int = 0) -> tuple[np.ndarray, list[int]]:
+    """Features of examples drawn around one centre per label."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(scale=3.0, size=(labels, width))
+    targets = [i for i in range(labels) for _ in range(per_label)]
+    return centres[targets] + rng.normal(size=(len(targets), width)) * np.linspace(0.5, 4, width), targets
+
+
+@pytest.mark.parametrize("labels", [2, 3])
+def test_a_field_head_predicts_as_scikit_learn_does(labels):
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = clusters(8, labels)
+    names = ["business", "sport", "tech"][:labels]
+    head = fit_field_head("topic", names, x.tolist(), y, c=0.1)
+    scale = x.std(axis=0)
+    reference = LogisticRegression(C=0.1, max_iter=5000).fit((x - x.mean(axis=0)) / scale, y)
+    fresh, _ = clusters(5, labels, seed=1)
+    expected = reference.predict_proba((fresh - x.mean(axis=0)) / scale)
+    got = np.array([head.probabilities(row.tolist()) for row in fresh])
+    np.testing.assert_allclose(got, expected, atol=1e-9)
+    assert head.seen == (8,) * labels and head.width == x.shape[1]
+
+
+def test_a_label_no_example_shows_stays_possible_but_never_wins():
+    x, y = clusters(6, 2)
+    head = fit_field_head("topic", ["business", "sport", "tech"], x.tolist(), y)
+    assert head.seen == (6, 6, 0) and head.weights[2] == (0.0,) * head.width
+    assert head.bias[2] == pytest.approx(min(head.bias[:2]) + UNSEEN_LOG_ODDS)
+    for row in x:
+        p = head.probabilities(row.tolist())
+        assert 0 < p[2] < 0.01 and int(np.argmax(p)) != 2
+
+
+def test_fit_refuses_what_it_cannot_fit():
+    x, y = clusters(3, 2)
+    for args, needle in (
+        ((x.tolist(), [0] * len(y)), "at least two labels, but they show 1"),
+        ((x.tolist()[:-1], y), "one row of features per example"),
+        (([[1.0], [1.0, 2.0]], [0, 1]), "all of one width"),
+        ((x.tolist(), [0, 1, 2, 0, 1, 7]), "each target to index one of 2 labels"),
+    ):
+        with pytest.raises(OptionError, match=needle):
+            fit_field_head("topic", ["a", "b"], *args)
+    with pytest.raises(OptionError, match="c: expected a positive number"):
+        fit_field_head("topic", ["a", "b"], x.tolist(), y, c=0)
+
+
+def planted() -> Head:
+    schema = compile_schema(SCHEMA)
+    x, y = clusters(4, 3)
+    topic = fit_field_head("topic", ["business", "sport", "tech"], x.tolist(), y)
+    urgent = fit_field_head("urgent", [True, False], x.tolist(), [i % 2 for i in range(len(y))])
+    return Head(schema.fingerprint, schema.title, "m", "answer-last+document-middle", len(y), (topic, urgent))
+
+
+def test_a_saved_head_reloads_with_identical_decisions(tmp_path):
+    head = planted()
+    again = Head.load(head.save(tmp_path / "head.json"))
+    assert again == head
+    x, _ = clusters(3, 3, seed=5)
+    for row in x:
+        assert again.field("topic").probabilities(row.tolist()) == head.field("topic").probabilities(row.tolist())
+
+
+def test_another_schema_model_or_labels_are_refused():
+    head = planted()
+    head.check(compile_schema(SCHEMA), "m")
+    with pytest.raises(OptionError, match="expected the model it was fitted with"):
+        head.check(compile_schema(SCHEMA), "other")
+    with pytest.raises(OptionError, match="expected the schema it was fitted on"):
+        head.check(compile_schema({**SCHEMA, "extra": {"type": "boolean"}}), "m")
+    data = head.to_json()
+    data["fields"][0]["labels"] = ["business", "sport", "science"]
+    with pytest.raises(OptionError, match=r"'topic': expected a single-label field with the labels"):
+        Head.from_json(data).check(compile_schema(SCHEMA), "m")
+
+
+def narrower(field: dict) -> None:
+    """One feature fewer, consistently: a head of another width."""
+    for key in ("mean", "scale"):
+        field[key].pop()
+    for row in field["weights"]:
+        row.pop()
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda d: d["fields"][0]["weights"][0].__setitem__(0, math.nan), "expected a finite number, but got nan"),
+        (lambda d: d["fields"][0]["bias"].pop(), "bias: expected a list of 3 numbers"),
+        (lambda d: d["fields"][0]["scale"].__setitem__(0, 0.0), "positive scales"),
+        (lambda d: d["fields"][0]["weights"].pop(), "one row of weights per label"),
+        (lambda d: d["fields"][0]["seen"].__setitem__(0, True), "count of examples"),
+        (lambda d: narrower(d["fields"][1]), "all reading the same features"),
+        (lambda d: d.__setitem__("features", "everything"), "features: expected one of"),
+        (lambda d: d.pop("model"), "no 'model' entry"),
+    ],
+)
+def test_a_bad_head_file_is_an_input_error_naming_it(tmp_path, edit, needle):
+    data = planted().to_json()
+    edit(data)
+    (tmp_path / "head.json").write_text(json.dumps(data))
+    with pytest.raises(InputError, match=needle):
+        Head.load(tmp_path / "head.json")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzz_a_mutated_head_file_is_a_typed_error_or_a_head_that_computes(data):
+    good = planted().to_json()
+    try:
+        head = Head.from_json(data.draw(json_mutations(good)))
+    except InputError:
+        return
+    for field in head.fields:
+        p = field.probabilities([0.5] * field.width)
+        assert len(p) == len(field.labels) and all(math.isfinite(v) for v in p) and sum(p) == pytest.approx(1.0)
