@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcd_engine import compile_schema
-from pcd_engine.calibrate.heads import UNSEEN_LOG_ODDS, Head, fit_field_head
+from pcd_engine.calibrate.heads import UNSEEN_LOG_ODDS, Head, fit_field_head, gate, held_out_distributions, scores
 from pcd_engine.errors import InputError, OptionError
 from tests.support import json_mutations
 
@@ -138,3 +138,58 @@ def test_fuzz_a_mutated_head_file_is_a_typed_error_or_a_head_that_computes(data)
     for field in head.fields:
         p = field.probabilities([0.5] * field.width)
         assert len(p) == len(field.labels) and all(math.isfinite(v) for v in p) and sum(p) == pytest.approx(1.0)
+
+
+# ------------------------------------------------------------------------------------------------ the gate
+
+
+def test_scores_equal_their_definitions():
+    from sklearn.metrics import accuracy_score, f1_score
+
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet([1, 1, 1], size=40)
+    gold = rng.integers(0, 3, size=40).tolist()
+    got = scores(p.tolist(), gold)
+    decided = p.argmax(axis=1)
+    assert got.accuracy == pytest.approx(accuracy_score(gold, decided))
+    assert got.macro_f1 == pytest.approx(f1_score(gold, decided, average="macro"))
+    assert got.brier == pytest.approx(
+        np.mean([sum((p[i, j] - (j == gold[i])) ** 2 for j in range(3)) for i in range(40)])
+    )
+    ece = 0.0
+    for b in range(10):  # the obvious loop over bins
+        inside = [i for i in range(40) if min(int(p[i].max() * 10), 9) == b]
+        if inside:
+            ece += len(inside) * abs(
+                np.mean([p[i].max() for i in inside]) - np.mean([decided[i] == gold[i] for i in inside])
+            )
+    assert got.ece == pytest.approx(ece / 40)
+
+
+def test_the_gate_says_a_better_head_is_better_and_a_useless_one_is_not():
+    x, y = clusters(12, 3)
+    labels = ["business", "sport", "tech"]
+    held = held_out_distributions("topic", labels, x.tolist(), y)
+    assert len(held) == len(y) and all(len(p) == 3 for p in held)
+    lean = [[0.6, 0.2, 0.2]] * len(y)  # a zero-shot reader that always says the first label
+    good = gate("topic", held, lean, y)
+    assert (
+        good.better and good.gain > 40 and good.head.accuracy > 0.9 and good.zero_shot.accuracy == pytest.approx(1 / 3)
+    )
+    assert good.interval[0] <= good.gain <= good.interval[1]
+    same = gate("topic", lean, lean, y)
+    assert not same.better and same.gain == 0 and same.interval == (0.0, 0.0)
+    with pytest.raises(OptionError, match="one head and one zero-shot distribution per gold label"):
+        gate("topic", held[:-1], lean, y)
+
+
+def test_held_out_distributions_never_see_their_own_example():
+    """Each example's only feature of its own (a one-hot of its index) is all zero in every training row of the head
+    that scores it, so that head can only answer with its label shares; a head fitted on it memorizes it."""
+    y = [i % 2 for i in range(12)]
+    x = np.eye(12).tolist()
+    held = held_out_distributions("topic", ["a", "b"], x, y, c=10.0)
+    fitted = fit_field_head("topic", ["a", "b"], x, y, c=10.0)
+    for i, row in enumerate(x):
+        assert held[i][y[i]] == pytest.approx(0.5, abs=0.1)  # about the training folds' label shares
+        assert fitted.probabilities(row)[y[i]] > 0.6
