@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pcd_engine.errors import OptionError, RequestCancelled, RequestTimeout, check_count
 
-__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIME_LIMIT_S", "SERVER_LIMITS", "RequestLimits", "Watch"]
+__all__ = ["DEFAULT_LIMITS", "DEFAULT_TIME_LIMIT_S", "SERVER_LIMITS", "SERVER_MAX_NEW_TOKENS", "RequestLimits", "Watch"]
 
 DEFAULT_TIME_LIMIT_S = 600.0
 """Seconds one request may run unless its options say otherwise: a document of :meth:`Engine.extract
@@ -56,6 +56,10 @@ and the model's window bound them)."""
 
 SERVER_LIMITS = RequestLimits(max_labels=2048, max_generated_tokens=1024, time_limit_s=120.0)
 """What one request to ``pcd serve`` may ask for unless its flags say otherwise."""
+
+SERVER_MAX_NEW_TOKENS = 512
+"""The most tokens of one free-text reply from ``pcd serve``, and the most a request's ``max_tokens`` may ask for,
+unless ``--max-new-tokens`` says otherwise."""
 
 
 class Watch:

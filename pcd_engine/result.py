@@ -383,23 +383,27 @@ def multi_result(
     )
 
 
+_FILLED = {
+    "default": "the field's default",
+    "smallest": "the smallest value its schema accepts",
+    "none": "null: its schema has no smallest value pcd can build",
+}
+"""What a generated value that could not be completed holds, by :attr:`~pcd_engine.generate.open_rows.Generated.how`,
+in the warning's words."""
+
+
 def generated_result(
     spec: FieldSpec, generated: Generated, wave: int, default_limit: int, warnings: list[str]
 ) -> FieldResult:
     """A generated field's result; a cut or invalid value adds a warning."""
-    filled = {
-        "default": "the field's default",
-        "smallest": "the smallest value its schema accepts",
-        "none": "null: its schema has no smallest value pcd can build",
-    }
     if generated.truncated:
         limit = spec.max_tokens or default_limit
         what = {"closed": "it was closed where it was cut", "cut back": "it was cut back to its last complete item"}
-        said = what.get(generated.how) or f"it could not be completed and is {filled[generated.how]}"
+        said = what.get(generated.how) or f"it could not be completed and is {_FILLED[generated.how]}"
         warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; {said}.")
     elif generated.how != "written":
         warnings.append(
-            f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is {filled[generated.how]}."
+            f"Field {spec.name!r}: the generated value {generated.text!r} is not valid; it is {_FILLED[generated.how]}."
         )
     return FieldResult(
         name=spec.name,

@@ -16,7 +16,6 @@ whose labels are rare in the corpus keeps a prior estimated from few documents (
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from pcd_engine.calibrate.estimators import em_bias, mean_prior, reweight
-from pcd_engine.calibrate.fitted import check_fitted_on, from_fitted_json, read_json_file, same_labels, write_json_file
+from pcd_engine.calibrate.fitted import (
+    check_fitted_on,
+    finite_real,
+    from_fitted_json,
+    read_json_file,
+    same_labels,
+    write_json_file,
+)
 from pcd_engine.errors import OptionError
 from pcd_engine.schema import FieldSpec, Schema
 
@@ -52,11 +58,8 @@ _FLOOR = 1e-300  # the smallest lean a fit records (a label that got no probabil
 
 def _unit_share(where: str, what: str, value: Any) -> float:
     """``value`` as a probability in (0, 1]: a finite real number (not a bool) a lean can be divided by."""
-    try:
-        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
-    except OverflowError:  # an integer too large for a float
-        number = math.inf
-    if not 0 < number <= 1:  # NaN fails too
+    number = finite_real(value)
+    if number is None or not 0 < number <= 1:
         raise OptionError(f"{where}: expected each {what} value in (0, 1], but got {value!r}.")
     return number
 

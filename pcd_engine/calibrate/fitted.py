@@ -5,6 +5,7 @@ input, and it is tied to the schema and the model it was fitted on, which it mus
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -13,9 +14,21 @@ from typing import Any, TypeVar
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import Schema
 
-__all__ = ["check_fitted_on", "from_fitted_json", "read_json_file", "same_labels", "write_json_file"]
+__all__ = ["check_fitted_on", "finite_real", "from_fitted_json", "read_json_file", "same_labels", "write_json_file"]
 
 T = TypeVar("T")
+
+
+def finite_real(value: Any) -> float | None:
+    """``value`` as a float when it is a finite real number (not a bool, not NaN or infinite, not an integer too
+    large for a float); ``None`` otherwise. The one reading of a number a fitted file holds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def read_json_file(path: str | os.PathLike[str], kind: str) -> Any:

@@ -23,7 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.calibrate.fitted import check_fitted_on, from_fitted_json, read_json_file, same_labels, write_json_file
+from pcd_engine.calibrate.fitted import (
+    check_fitted_on,
+    finite_real,
+    from_fitted_json,
+    read_json_file,
+    same_labels,
+    write_json_file,
+)
 from pcd_engine.errors import OptionError
 from pcd_engine.schema import Schema
 
@@ -54,13 +61,8 @@ _FORMAT = "pcd-head/1"
 
 def _real(where: str, value: Any) -> float:
     """``value`` as a finite real number (not a bool), or an OptionError naming ``where``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise OptionError(f"{where}: expected a finite number, but got {value!r}.")
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    if not math.isfinite(number):
+    number = finite_real(value)
+    if number is None:
         raise OptionError(f"{where}: expected a finite number, but got {value!r}.")
     return number
 

@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import BackendUnavailableError, check_count, pip_install
-from pcd_engine.limits import SERVER_LIMITS, RequestLimits
+from pcd_engine.limits import SERVER_LIMITS, SERVER_MAX_NEW_TOKENS, RequestLimits
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import check_batch_size
 from pcd_engine.tools.cli import common
@@ -37,8 +37,9 @@ def add(sub: Any) -> None:
     p.add_argument(
         "--max-new-tokens",
         type=int,
-        default=512,
-        help="the most tokens of one free-text reply, and the most a request's max_tokens may ask for (default: 512)",
+        default=SERVER_MAX_NEW_TOKENS,
+        help="the most tokens of one free-text reply, and the most a request's max_tokens may ask for (default: "
+        f"{SERVER_MAX_NEW_TOKENS})",
     )
     p.add_argument("--time-limit", type=float, default=limits.time_limit_s, help="seconds per request (0: no limit)")
     p.add_argument(

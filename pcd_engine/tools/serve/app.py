@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcd_engine import __version__
 from pcd_engine.errors import pip_install, require
-from pcd_engine.limits import SERVER_LIMITS, RequestLimits
+from pcd_engine.limits import SERVER_LIMITS, SERVER_MAX_NEW_TOKENS, RequestLimits
 from pcd_engine.run.collector import Collector
 from pcd_engine.tools.serve.errors import HTTPError, error_response, install_handlers
 from pcd_engine.tools.serve.server import Server
@@ -33,7 +33,7 @@ def create_app(
     *,
     model_name: str = "pcd",
     max_body_bytes: int = 1_000_000,
-    max_new_tokens: int = 512,
+    max_new_tokens: int = SERVER_MAX_NEW_TOKENS,
     limits: RequestLimits = SERVER_LIMITS,
     body_timeout_s: float = 10.0,
     host: str | None = None,
