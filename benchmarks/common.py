@@ -55,3 +55,12 @@ def floor_ms(engine: Any, preset: Any, out: Any, repeats: int, sync: Any = lambd
     run = engine.backend.plain_pass(prefix, tokens, rows=out.stats.nodes_scored + 1)
     run()
     return median_ms(run, repeats, sync)
+
+
+def labelled_arguments(parser: Any, datasets: Any) -> None:
+    """The arguments of the few-label benchmarks (``study_head_features.py``, ``bench_heads.py``): how many documents,
+    their first characters, how many seeded draws, which datasets."""
+    parser.add_argument("--docs", type=int, default=300)
+    parser.add_argument("--max-chars", type=int, default=600)
+    parser.add_argument("--draws", type=int, default=5)
+    parser.add_argument("--datasets", nargs="+", default=list(datasets))

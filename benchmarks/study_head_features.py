@@ -24,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import labelled_arguments  # noqa: E402
 from pcd_engine import Engine  # noqa: E402
 from pcd_engine.prompt.chat_prompt import ChatPrompt  # noqa: E402
 from pcd_engine.tools.datasets import load_dataset  # noqa: E402
@@ -77,10 +78,7 @@ def accuracy(features: np.ndarray, gold: np.ndarray, per_label: int, draws: int)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=300)
-    parser.add_argument("--max-chars", type=int, default=600)
-    parser.add_argument("--draws", type=int, default=5)
-    parser.add_argument("--datasets", nargs="+", default=list(DATASETS))
+    labelled_arguments(parser, DATASETS)
     args = parser.parse_args()
     engine = Engine.load()
     layers = engine.backend.model.config.num_hidden_layers

@@ -11,6 +11,7 @@ line) is imported on first use.
 from typing import Any
 
 from pcd_engine.calibrate.calibrator import Calibrator
+from pcd_engine.calibrate.heads import Head
 from pcd_engine.calibrate.shares import LabelShares, label_shares
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
@@ -55,6 +56,7 @@ __all__ = [
     "ExtractionStats",
     "FieldResult",
     "FieldSpec",
+    "Head",
     "InputError",
     "JsonReply",
     "Label",

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
 from pcd_engine.calibrate.correction import CORRECTION_WINDOW
@@ -40,7 +42,7 @@ from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, chec
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.result import ExtractionResult, FieldResult
 from pcd_engine.run.admission import check_text
-from pcd_engine.run.batch import Document, open_lean, read_batch, run_batch
+from pcd_engine.run.batch import Document, open_lean, read_batch, read_features, run_batch
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.collector import Collector
 from pcd_engine.run.compile_cache import CompileCache, Head
@@ -357,16 +359,49 @@ class Engine:
             SchemaError: If the schema has a field pcd cannot decide.
             PCDError: The first failing document's error.
         """
+        return self._read(texts, compile_schema(schema), self.resolve(options, **knobs), batch_size, frozenset())
+
+    def read_features(
+        self,
+        texts: Iterable[str],
+        schema: Any,
+        options: ExtractOptions | Mapping[str, Any] | None = None,
+        *,
+        fields: Iterable[str] | None = None,
+        batch_size: int | None = None,
+    ) -> list[tuple[dict[str, FieldResult], dict[str, np.ndarray]]]:
+        """:meth:`read_closed`, keeping the features a decision head reads (:mod:`pcd_engine.calibrate.heads`) from
+        the same passes: per document, its closed fields' results and, per single-label closed field, the last
+        layer's state where the field's decision is read followed by the middle layer's mean over the document.
+        What :meth:`~pcd_engine.calibrate.heads.Head.fit` reads. ``texts``, ``schema``, ``options`` and
+        ``batch_size`` as for :meth:`read_closed`; ``fields``: the fields to keep features of (``None``: every
+        closed field with one label of two or more).
+
+        Raises:
+            OptionError: If ``fields`` names a field that is not a single-label closed field of the schema.
+            PCDError: As :meth:`read_closed`.
+        """
         compiled = compile_schema(schema)
-        call = self.resolve(options, **knobs)
-        size = self.batch_size(batch_size)
+        headed = [s.name for s in compiled.fields if s.kind in ("enum", "boolean") and len(s.labels) > 1]
+        names = headed if fields is None else list(fields)
+        for name in names:
+            if name not in headed:
+                raise OptionError(f"Features: expected a single-label closed field of {headed}, but got {name!r}.")
+        return self._read(texts, compiled, self.resolve(options), batch_size, frozenset(names))
+
+    def _read(
+        self, texts: Iterable[str], compiled: Schema, call: ExtractOptions, size: int | None, names: frozenset[str]
+    ) -> list[Any]:
+        """The closed fields of ``texts`` decided in batches (with the features of ``names`` when there are any)."""
+        size = self.batch_size(size)
         texts = list(texts)
         for i, text in enumerate(texts):
             check_text(text, where=f"texts[{i}]")
-        documents = [Document(t, compiled, call, None, f"texts[{i}]") for i, t in enumerate(texts)]
-        out: list[dict[str, FieldResult]] = []
+        documents = [Document(t, compiled, call, None, f"texts[{i}]", features=names) for i, t in enumerate(texts)]
+        read = read_features if names else read_batch
+        out: list[Any] = []
         for first in range(0, len(documents), 4 * size):
-            for done in read_batch(self, documents[first : first + 4 * size], max_documents=size):
+            for done in read(self, documents[first : first + 4 * size], max_documents=size):
                 if isinstance(done, Exception):
                     raise done
                 out.append(done)

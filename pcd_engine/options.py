@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -117,6 +118,10 @@ class ExtractOptions:
             on the other documents of a call; ``"content_free"`` does so for every closed field, read whole;
             ``"batch"`` estimates the lean on the documents one caller decides together, assuming their labels
             are about equally common; ``"none"`` keeps the model's own distributions. A ``calibration`` wins.
+        head: A :class:`~pcd_engine.calibrate.heads.Head` fitted on this schema and model (or its JSON data, or the
+            path of a saved head): each field it has a head for is decided by the head, from hidden states of the
+            same passes (no extra forward pass); the result keeps the model's own distribution beside the head's.
+            The other fields are decided as without it. The call reads every closed field whole.
 
     Raises:
         OptionError: On construction, if a value has the wrong type or is out of range.
@@ -137,6 +142,7 @@ class ExtractOptions:
     calibration: Any = None
     min_probability: float | None = None
     correction: str | None = None
+    head: Any = None
 
     def __post_init__(self) -> None:
         if self.strategy is not None:
@@ -182,6 +188,8 @@ class ExtractOptions:
                 raise OptionError(
                     f"calibration: expected a Calibrator (or its JSON), but got {type(self.calibration).__name__}."
                 )
+        if self.head is not None:
+            object.__setattr__(self, "head", _head(self.head))
 
     @property
     def corrector(self) -> Correction:
@@ -196,13 +204,13 @@ class ExtractOptions:
 
     @property
     def reads_whole(self) -> bool:
-        """Whether the call reads every closed field whole (:meth:`read_whole`): with a calibration, or with a
-        correction that does (:attr:`~pcd_engine.calibrate.correction.Correction.reads_whole`)."""
-        return self.calibration is not None or self.corrector.reads_whole
+        """Whether the call reads every closed field whole (:meth:`read_whole`): with a calibration or a head, or with
+        a correction that does (:attr:`~pcd_engine.calibrate.correction.Correction.reads_whole`)."""
+        return self.calibration is not None or self.head is not None or self.corrector.reads_whole
 
     def uncorrected(self) -> ExtractOptions:
-        """These options deciding with the model's own distributions: no calibration, no correction."""
-        return replace(self, calibration=None, correction=NoCorrection.name)
+        """These options deciding with the model's own distributions: no calibration, no head, no correction."""
+        return replace(self, calibration=None, head=None, correction=NoCorrection.name)
 
     def read_whole(self) -> ExtractOptions:
         """These options with every closed field read whole (``staging="one_pass"``, the trie walk as
@@ -406,12 +414,34 @@ def _pairs(value: Any) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(value.items()))
 
 
+def _head(value: Any) -> Any:
+    """A call's ``head`` option as a :class:`~pcd_engine.calibrate.heads.Head`: given as one, as its JSON data, or as
+    the path of a saved head.
+
+    Raises:
+        OptionError: If it is none of these, or the data or file is not a head (naming what is wrong).
+    """
+    from pcd_engine.calibrate.heads import Head
+
+    if isinstance(value, Head):
+        return value
+    try:
+        if isinstance(value, Mapping):
+            return Head.from_json(value)
+        if isinstance(value, (str, os.PathLike)):
+            return Head.load(value)
+    except InputError as exc:  # given as an option, a malformed head is a bad option
+        raise OptionError(f"head: {exc}") from None
+    raise OptionError(f"head: expected a Head, its JSON or the path of a saved head, but got {type(value).__name__}.")
+
+
 def surface_options(
     *layers: tuple[str, ExtractOptions | Mapping[str, Any] | None],
     temperature: Any = None,
     timeout: Any = None,
     max_tokens: Any = None,
     calibration: Any = None,
+    head: Any = None,
 ) -> ExtractOptions:
     """The options a call from one of pcd's surfaces runs with: the one place where a surface's settings become
     :class:`ExtractOptions` (the CLI's flags, the server's request fields, LangChain's and LlamaIndex's model
@@ -427,6 +457,7 @@ def surface_options(
         max_tokens: The most tokens of each open field's value (an integer >= 1), under every layer; ``None``: the
             engine's.
         calibration: A :class:`~pcd_engine.calibrate.calibrator.Calibrator` or its JSON, under every layer.
+        head: A :class:`~pcd_engine.calibrate.heads.Head`, its JSON or a saved head's path, under every layer.
 
     Raises:
         OptionError: If a layer names an unknown option, or a value is out of range (naming it).
@@ -440,6 +471,7 @@ def surface_options(
         limits=RequestLimits(time_limit_s=timeout) if timeout else None,
         max_tokens=max_tokens,
         calibration=calibration,
+        head=head,
     )
     for where, data in reversed(layers):
         merged = ExtractOptions.parse(data, where=where).over(merged)

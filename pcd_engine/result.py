@@ -58,8 +58,8 @@ class FieldResult:
         candidate_mass: The unconstrained probability that the model's own continuation reaches an allowed label
             (for a multi-label field, the lowest over its yes/no questions); low means the model wanted to write
             something else. ``None`` for a field with one allowed value and for generated fields.
-        method: How it was decided: ``"marginal"``, ``"exact"``, ``"trie_walk"``, ``"fixed"`` or
-            ``"generated"``.
+        method: How it was decided: ``"marginal"``, ``"exact"``, ``"trie_walk"``, ``"fixed"``, ``"generated"``, or
+            ``"head"`` (a decision head, :mod:`pcd_engine.calibrate.heads`, read from the same pass).
         alternatives: The most probable labels, best first, the chosen one included. For a multi-label field,
             every label with its probability of applying; empty for a generated field.
         wave: The wave the field was decided in (0 is first; generated fields come after the last wave).
@@ -82,9 +82,10 @@ class FieldResult:
         abstained: True when the call's ``min_probability`` was above ``probability``: an Optional field's
             ``value`` is then ``None`` (``alternatives`` keep the labels the model preferred), any other field
             keeps its best label, flagged.
-        correction: Which lean correction decided the field: ``"calibration"`` (the call's fitted
-            calibrator), ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.calibrate.correction`); ``None`` when the
-            model's own distribution decided it. With one, ``raw_probability`` is the model's own figure.
+        correction: Which correction decided the field: ``"calibration"`` (the call's fitted calibrator),
+            ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.calibrate.correction`), or ``"head"`` (the call's
+            decision head); ``None`` when the model's own distribution decided it. With one, ``raw_probability``
+            and ``raw_distribution`` are the model's own figures.
         lean: With a correction, the lean divided out: the prior ``b`` over the labels in label order (for a
             multi-label field, each label's prior of "yes"); ``None`` otherwise.
         raw_distribution: With a correction of a single-label field, the model's own distribution over the
@@ -430,16 +431,20 @@ def scored_result(
     low_mass_warning: float,
     prior: FieldPrior | None = None,
     correction: str | None = None,
+    head: Sequence[float] | None = None,
 ) -> FieldResult:
     """A scored field's result: its label, probability, mass and alternatives; a low mass or a near tie adds a
     warning. With a ``prior``, the distribution is calibrated first and the label is the calibrated argmax (the
-    lowest index on a tie; ``correction`` names where the prior came from)."""
+    lowest index on a tie; ``correction`` names where the prior came from). With a ``head`` (a decision head's
+    distribution over the labels), the head's distribution decides instead (method and correction ``"head"``), and
+    the model's own is kept as the raw one."""
     probs = decision.probabilities
     label = decision.label
-    corrected = prior is not None and len(probs) > 1
-    if prior is not None and corrected:
-        probs = prior.correct(probs)
+    corrected = (prior is not None or head is not None) and len(probs) > 1
+    if corrected:
+        probs = tuple(head) if head is not None else prior.correct(probs)  # type: ignore[union-attr]
         label = max(range(len(probs)), key=lambda i: (probs[i], -i))
+        correction = "head" if head is not None else correction
     order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[:top_k]
     alternatives = tuple(Alternative(spec.labels[i].value, probs[i]) for i in order)
     mass = decision.candidate_mass
@@ -458,13 +463,13 @@ def scored_result(
         value=spec.labels[label].value,
         probability=probs[label],
         candidate_mass=mass,
-        method=decision.method,
+        method="head" if head is not None and corrected else decision.method,
         alternatives=alternatives,
         wave=wave,
         bounded_labels=decision.bounded,
         raw_probability=decision.probabilities[label] if corrected else None,
         label_distribution=tuple(probs) if len(probs) > 1 else None,
         correction=correction if corrected else None,
-        lean=prior.bias if prior is not None and corrected else None,
+        lean=prior.bias if prior is not None and head is None and corrected else None,
         raw_distribution=tuple(decision.probabilities) if corrected else None,
     )

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pcd_engine import Engine, OptionError, PCDError
 
-__all__ = ["calibration_json", "read_settings", "refuse_sampling", "shared_engine"]
+__all__ = ["fitted_json", "read_settings", "refuse_sampling", "shared_engine"]
 
 
 def shared_engine(model: str | None, backend: str) -> Engine:
@@ -25,8 +25,8 @@ def read_settings(
 ) -> dict[str, Any]:
     """Check a constructor's arguments: ``model_name`` is another name for ``model``; an unknown argument close to
     a known one is a typo and refused; any other unknown one is dropped with a ``UserWarning`` (``others="warn"``)
-    or refused (``others="refuse"``); ``timeout`` must be positive; a ``calibration`` is kept as its JSON data
-    (:func:`calibration_json`).
+    or refused (``others="refuse"``); ``timeout`` must be positive; a ``calibration`` or ``head`` is kept as its
+    JSON data (:func:`fitted_json`).
 
     Args:
         owner: The class, for messages.
@@ -41,8 +41,9 @@ def read_settings(
         OptionError: On a typo, a refused argument, two names for different models, or a bad ``timeout``.
     """
     data = dict(data)
-    if "calibration" in data and "calibration" in known:
-        data["calibration"] = calibration_json(data["calibration"], owner=owner)
+    for kind in ("calibration", "head"):
+        if kind in data and kind in known:
+            data[kind] = fitted_json(data[kind], owner=owner, kind=kind)
     if "model_name" in data and "model_name" not in known:
         name = data.pop("model_name")
         if data.get("model") not in (None, name):
@@ -66,26 +67,30 @@ def read_settings(
     return data
 
 
-def calibration_json(value: Any, *, owner: str) -> dict[str, Any] | None:
-    """A calibration given to an adapter (a :class:`~pcd_engine.calibrate.calibrator.Calibrator`, its JSON data or the
-    path of its file, as ``pcd calibrate`` writes it) as JSON data: what the adapter keeps, so that it serializes.
+def fitted_json(value: Any, *, owner: str, kind: str = "calibration") -> dict[str, Any] | None:
+    """A fitted value given to an adapter (``kind`` ``"calibration"``: a
+    :class:`~pcd_engine.calibrate.calibrator.Calibrator`; ``"head"``: a :class:`~pcd_engine.calibrate.heads.Head`),
+    as the object, its JSON data or the path of its file (as ``pcd calibrate`` / ``pcd fit`` write them), kept as
+    JSON data: what the adapter keeps, so that it serializes.
 
     Raises:
         OptionError: If it is none of those.
-        InputError: If the file cannot be read or is not a calibration.
+        InputError: If the file cannot be read or is not of that kind.
     """
     from pcd_engine.calibrate.calibrator import Calibrator
+    from pcd_engine.calibrate.heads import Head
 
+    cls: Any = Head if kind == "head" else Calibrator
     if value is None:
         return None
-    if isinstance(value, Calibrator):
-        return value.to_json()
+    if isinstance(value, cls):
+        return value.to_json()  # type: ignore[no-any-return]
     if isinstance(value, (str, os.PathLike)):
-        return Calibrator.load(value).to_json()
+        return cls.load(value).to_json()  # type: ignore[no-any-return]
     if isinstance(value, Mapping):
-        return Calibrator.from_json(value).to_json()
+        return cls.from_json(value).to_json()  # type: ignore[no-any-return]
     raise OptionError(
-        f"{owner} calibration: expected a Calibrator, its JSON or the path of its file, but got {type(value).__name__}."
+        f"{owner} {kind}: expected a {cls.__name__}, its JSON or the path of its file, but got {type(value).__name__}."
     )
 
 

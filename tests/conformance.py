@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pcd_engine import Engine, compile_schema
+from pcd_engine.backends.taps import FeatureTap, middle_layer
 from pcd_engine.decide.compiler import compile_wave
 from pcd_engine.decide.planner import TreeBatch, plan_passes
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView, field_line
@@ -46,18 +47,41 @@ def shift_tree_positions(monkeypatch: Any) -> None:
 BIG = {"product": {"type": "enum", "choices": [f"SKU-{i:03d}" for i in range(300)]}}
 
 
-def packed_logprobs(backend: Any, preset: dict, *, max_nodes: int = 10_000) -> dict[str, Any]:
-    """Score ``preset``'s whole first wave on ``backend`` the way the engine does, pass by pass."""
+def decision_nodes(wave: Any) -> frozenset[int]:
+    """Each field's decision node of a compiled wave (the first token where its labels differ)."""
+    return frozenset(t.paths[0].nodes[t.decision_depth] for t in wave.fields)
+
+
+def packed_logprobs(
+    backend: Any,
+    preset: dict,
+    *,
+    max_nodes: int = 10_000,
+    tap: bool = False,
+    chunk: int | None = None,
+    text: str = TEXT,
+) -> dict[str, Any]:
+    """Score ``preset``'s whole first wave on ``backend`` the way the engine does, pass by pass; with ``tap``, the
+    state carries a feature tap on the document and every field's decision node; with ``chunk``, the document is
+    fed ahead in causal chunks of that many tokens first (the engine's way when a document does not fit one
+    pass)."""
     tv = TokenizerView(backend.tokenizer)
     schema = compile_schema(preset)
     prompt = ChatPrompt.build(tv, schema)
-    ids = prompt.request_ids(tv, TEXT)
+    ids = prompt.request_ids(tv, text)
     wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
     assert tuple(ids[len(ids) - len(wave.tail_ids) :]) == wave.tail_ids
     causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
     prefix = backend.prefill(prompt.head_ids)
     state = backend.start(prefix)
     pending = ids[len(prompt.head_ids) : causal_end]
+    if tap:
+        span = (len(prompt.head_ids), len(ids) - len(wave.tail_ids))
+        state.tap = FeatureTap(middle_layer(backend.hidden_layers), span, decision_nodes(wave))
+    while chunk and len(pending) > 1:  # the last token stays: the tree reads its root from it
+        step = min(chunk, len(pending) - 1)
+        backend.score_tree(state, causal=pending[:step], batch=TreeBatch((), (), (), (), (), ()))
+        pending = pending[step:]
     logprobs = np.full(len(wave.tree), np.nan)
     passes = plan_passes(wave.tree, max_nodes=max_nodes)
     for batch in passes:
@@ -101,6 +125,33 @@ class RowsConformance:
 
     def check_against_brute_force(self, backend: Any, wave: Any, context: list[int], logprobs: np.ndarray) -> None:
         check_paths(lambda c, p: self.brute_force(backend, c, p), wave, context, logprobs)
+
+    def hidden_reference(self, backend: Any, ids: list[int], layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Hidden-state ``layer`` and the final states (after the final norm), ``[len(ids), hidden]`` each, from
+        one plain causal pass of the model's own library (a backend without one skips the tap tests; MLX's taps
+        are held to PyTorch's on the same weights in test_backend_agreement)."""
+        pytest.skip("no plain hidden-state reference for this backend")
+
+    def check_tap(self, backend: Any, run: dict[str, Any]) -> None:
+        """The tap's document mean and answer states equal the plain pass's: the document mean over the document's
+        rows, each decision node's state at its parent's row of the sequence ``context + ancestors``."""
+        tap, tree, context = run["state"].tap, run["wave"].tree, run["context"]
+        middle, _ = self.hidden_reference(backend, context, tap.layer)
+        lo, hi = tap.span
+        scale = float(np.abs(middle).max())
+        np.testing.assert_allclose(tap.document_mean(middle.shape[1]), middle[lo:hi].mean(axis=0), atol=1e-4 * scale)
+        assert tap.count == hi - lo > 0
+        assert tap.nodes and set(tap.answers) == set(tap.nodes)
+        for node in sorted(tap.nodes):
+            chain, parent = [], tree.parents[node]
+            while parent >= 0:
+                chain.append(tree.tokens[parent])
+                parent = tree.parents[parent]
+            _, final = self.hidden_reference(backend, [*context, *reversed(chain)], tap.layer)
+            np.testing.assert_allclose(tap.answers[node], final[-1], atol=1e-4 * float(np.abs(final).max()))
+
+    def test_rows_tap_equals_plain_hidden_states(self, rows_backend):
+        self.check_tap(rows_backend, packed_logprobs(rows_backend, SHARED_PREFIXES, tap=True, chunk=7))
 
     def check_prefix_untouched(self, backend: Any) -> dict[str, Any]:
         """Score a wave twice from one prefix: the prefix's cache must not change, nor the answers."""
@@ -254,6 +305,47 @@ class BackendConformance(RowsConformance):
 
     def test_sequence_logprobs_equal_brute_force(self, backend):
         self.check_sequence_logprobs(backend)
+
+    @pytest.mark.parametrize(("max_nodes", "chunk"), [(10_000, None), (5, None), (10_000, 7)],
+                             ids=["one-pass", "split-tree", "document-in-chunks"])  # fmt: skip
+    def test_tap_equals_plain_hidden_states(self, backend, max_nodes, chunk):
+        """A feature tap reads the same states as a plain pass, whether the tree is read in one pass or several
+        and the document fed with it or ahead in chunks; the tapped pass's log-probs are unchanged."""
+        run = packed_logprobs(backend, SHARED_PREFIXES, max_nodes=max_nodes, tap=True, chunk=chunk)
+        self.check_tap(backend, run)
+        plain = packed_logprobs(backend, SHARED_PREFIXES)
+        np.testing.assert_allclose(run["logprobs"], plain["logprobs"], atol=1e-5, rtol=0)
+
+    def test_tap_reads_the_layer_it_names(self, backend):
+        """The check can fail: the plain pass's other layers differ from what the tap read."""
+        run = packed_logprobs(backend, SHARED_PREFIXES, tap=True)
+        tap = run["state"].tap
+        others = [k for k in range(backend.hidden_layers + 1) if k != tap.layer]
+        lo, hi = tap.span
+        for k in others:
+            middle, _ = self.hidden_reference(backend, run["context"], k)
+            assert np.abs(middle[lo:hi].mean(axis=0) - tap.document_mean(middle.shape[1])).max() > 1e-3
+
+    def test_batched_taps_equal_one_at_a_time(self, backend):
+        """Documents scored as batch rows of one pass hand each tap what it reads alone."""
+        texts = ["Short.", TEXT, f"{TEXT} {TEXT}"]
+        runs = [packed_logprobs(backend, SHARED_PREFIXES, tap=True, text=t) for t in texts]
+        alone = [r["state"].tap for r in runs]
+        states = [backend.start(r["prefix"]) for r in runs]
+        for state, run in zip(states, runs, strict=True):
+            state.tap = FeatureTap(run["state"].tap.layer, run["state"].tap.span, run["state"].tap.nodes)
+        batches = [plan_passes(r["wave"].tree, max_nodes=10_000)[0] for r in runs]
+        causals = [r["context"][r["prefix"].length :] for r in runs]
+        before = backend.forward_passes
+        backend.score_trees(states, causals=causals, batches=batches)
+        assert backend.forward_passes - before == (1 if backend.batches_documents else len(texts))
+        for state, one in zip(states, alone, strict=True):
+            width = len(next(iter(one.answers.values())))
+            mean = one.document_mean(width)
+            np.testing.assert_allclose(state.tap.document_mean(width), mean, atol=1e-4 * np.abs(mean).max())
+            assert state.tap.count == one.count and set(state.tap.answers) == set(one.answers)
+            for node, vector in one.answers.items():
+                np.testing.assert_allclose(state.tap.answers[node], vector, atol=1e-4 * np.abs(vector).max())
 
     def test_second_wave_matches_brute_force(self, backend):
         self.check_second_wave(backend)

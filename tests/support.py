@@ -548,6 +548,16 @@ def torch_cache_tensors(cache: Any) -> list[np.ndarray]:
     return out
 
 
+def torch_hidden_states(model: Any, ids: list[int], layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Hidden-state ``layer`` and the final states (transformers' last hidden state is after the final norm), from
+    one plain causal pass with ``output_hidden_states``: ``[len(ids), hidden]`` each, float64."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+    return out.hidden_states[layer][0].double().numpy(), out.hidden_states[-1][0].double().numpy()
+
+
 def torch_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
     """log p of each path token given everything before it, scoring each path alone.
 
@@ -752,3 +762,19 @@ def json_mutations(draw, good):
         else:
             parent[where[-1]] = draw(JSON_VALUES)
     return data
+
+
+def forcing_head(engine: Any, schema: Any, field: str, value: Any) -> Any:
+    """A :class:`~pcd_engine.Head` for ``engine`` and ``schema`` whose head of ``field`` always decides ``value``
+    (no weights, a bias that favours it): what proves a surface decided with the head it was given."""
+    from pcd_engine import Head, compile_schema
+    from pcd_engine.calibrate.heads import FEATURE_RECIPES, FieldHead
+
+    compiled = compile_schema(schema)
+    [(_, features)] = engine.read_features(["Width probe."], compiled, fields=[field])
+    width = len(features[field])
+    labels = tuple(label.value for label in compiled.field(field).labels)
+    bias = tuple(5.0 if v == value else 0.0 for v in labels)
+    rows = tuple((0.0,) * width for _ in labels)
+    head = FieldHead(field, labels, (0.0,) * width, (1.0,) * width, rows, bias, (1,) * len(labels))
+    return Head(compiled.fingerprint, compiled.title, engine.model_id, FEATURE_RECIPES[0], len(labels), (head,))

@@ -4,7 +4,7 @@ alike): one rule per layer of ``pcd_engine``.
 The layers, bottom to top (each may import the layers below it and itself, nothing above):
 
 ``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
-``calibrate.fitted`` < ``calibrate.calibrator`` <
+``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.heads`` <
 ``calibrate.correction`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` < ``generate`` <
 ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``tools``; the facades (the package, ``__main__``,
 ``testing``) may import anything of pcd_engine. What a lower layer needs of a higher one it names as a protocol
@@ -33,6 +33,8 @@ LAYERS = [
     "calibrate.estimators",
     "calibrate.fitted",
     "calibrate.calibrator",
+    "calibrate.gates",
+    "calibrate.heads",
     "calibrate.correction",
     "limits",
     "options",
@@ -49,8 +51,9 @@ LAYERS = [
 FACADES = {"__init__.py", "__main__.py", "testing.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
 # Modules that sit below the rest of their package: the token trees (what backends score), the lean estimators, what
-# fitted files share, and the calibrator (a value the options carry) and the corrections (objects the options name).
-SUBLAYERS = {"decide.tree", "calibrate.estimators", "calibrate.fitted", "calibrate.calibrator", "calibrate.correction"}
+# fitted files share, the calibrator and the heads (values the options carry) and the corrections (objects the
+# options name).
+SUBLAYERS = {"decide.tree", *LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("calibrate.correction") + 1]}
 
 
 def pcd_imports(path: Path) -> set[str]:

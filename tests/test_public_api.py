@@ -21,6 +21,7 @@ EXPECTED_ENGINE = [
     "ExtractionStats",
     "FieldResult",
     "FieldSpec",
+    "Head",
     "InputError",
     "JsonReply",
     "Label",

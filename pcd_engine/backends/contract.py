@@ -26,6 +26,7 @@ import functools
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import numpy as np
@@ -42,6 +43,7 @@ from pcd_engine.backends.growth import (
     packed_generate,
     rows_generate,
 )
+from pcd_engine.backends.taps import FeatureTap, Seen
 from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import PromptAlignmentError
 
@@ -82,11 +84,14 @@ class RequestState(ABC):
         ids: Every token the state holds (the head's, then the causal ones).
         cache: The backend's KV state for this request only (a fork of the prefix's).
         length: How many tokens it holds.
+        tap: What the request keeps of its passes' hidden states (:class:`~pcd_engine.backends.taps.FeatureTap`;
+            ``None``: nothing, the default).
     """
 
     ids: list[int]
     cache: Any
     length: int
+    tap: FeatureTap | None = None
 
 
 class Backend(ABC):
@@ -414,31 +419,15 @@ class Backend(ABC):
         """
 
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
-        """The plain reference: ``log p(ids[i] | ids[:i])`` for ``i >= 1``, from ONE causal forward pass.
-
-        No prompt cache, no tree mask and no custom positions are involved: the model runs the way its library
-        runs it by itself. ``pcd check`` compares tree-packed scores against this.
-
-        Args:
-            ids: At least two token ids.
-
-        Returns:
-            ``float64`` array of ``len(ids) - 1`` log-probabilities.
-        """
+        """The plain reference: ``log p(ids[i] | ids[:i])`` for ``i >= 1`` (``float64``, ``len(ids) - 1`` values)
+        from ONE causal forward pass of at least two ids: no prompt cache, no tree mask and no custom positions, the
+        model run the way its library runs it by itself. ``pcd check`` compares tree-packed scores against this."""
         raise NotImplementedError(f"Backend {self.name!r} has no plain reference scorer.")
 
     def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
-        """Prepare the floor a tree pass is measured against: ONE plain causal pass of ``tokens`` after ``prefix``,
-        with the model's own cache and causal mask, computing the last ``rows`` output rows.
-
-        Args:
-            prefix: A prefilled head (left unchanged).
-            tokens: The new tokens.
-            rows: How many output rows (from the end) the pass computes.
-
-        Returns:
-            A function that runs the pass once, on a fresh copy of the head's cache, and returns when it is done.
-        """
+        """Prepare the floor a tree pass is measured against: ONE plain causal pass of ``tokens`` after ``prefix``
+        (left unchanged), with the model's own cache and causal mask, computing the last ``rows`` output rows.
+        Returns a function that runs the pass once, on a fresh copy of the head's cache."""
         raise NotImplementedError(f"Backend {self.name!r} has no plain causal pass.")
 
     @property
@@ -450,16 +439,8 @@ class Backend(ABC):
     def generate_greedy(
         self, ids: Sequence[int], *, max_new_tokens: int, stop: Callable[[list[int]], bool]
     ) -> list[int]:
-        """Greedy decoding (:meth:`stream_greedy`) until ``stop`` says so or ``max_new_tokens`` are written.
-
-        Args:
-            ids: The prompt.
-            max_new_tokens: Upper bound on generated tokens.
-            stop: Called with the tokens generated so far after each step; True ends generation.
-
-        Returns:
-            The generated token ids (without the prompt).
-        """
+        """Greedy decoding (:meth:`stream_greedy`) of at most ``max_new_tokens`` after ``ids``, until ``stop`` (called
+        with the tokens so far after each step) returns True; returns the generated ids, without the prompt."""
         out: list[int] = []
         for token in self.stream_greedy(ids, max_new_tokens=max_new_tokens):
             out.append(token)
@@ -476,13 +457,32 @@ class Backend(ABC):
         """
         return append_and_score(self, state, causal, batch)
 
-    def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
-        """One tree-packed forward pass (see :meth:`_append_and_score`)."""
+    def _packed_pass(
+        self, cache: Any, past: int, causal: list[int], batch: TreeBatch, *, tap: FeatureTap | None = None
+    ) -> np.ndarray:
+        """One tree-packed forward pass (see :meth:`_append_and_score`); it hands ``tap`` (the request's
+        :class:`~pcd_engine.backends.taps.FeatureTap`, if any) the rows it wants."""
         raise NotImplementedError(f"{type(self).__name__} has no packed scorer.")
 
     def _rows_pass(self, state: Any, causal: list[int], batch: TreeBatch) -> np.ndarray:
-        """The row-broadcast fallback (see :meth:`_append_and_score`)."""
+        """The row-broadcast fallback (see :meth:`_append_and_score`); it feeds ``state.tap`` as the packed pass
+        does."""
         raise NotImplementedError(f"{type(self).__name__} has no rows scorer.")
+
+    @contextmanager
+    def _tapping(self, layer: int | None, *, keep: np.ndarray | None = None) -> Iterator[Seen | None]:
+        """Expose the hidden states of the forward calls run inside the block: hidden-state ``layer``'s output and
+        the final states the vocabulary projection reads (:class:`~pcd_engine.backends.taps.Seen`, read after the
+        call; ``keep`` is a batched pass's ``[rows, new]`` mask of rows read). ``None`` taps nothing and costs
+        nothing."""
+        if layer is not None:
+            raise NotImplementedError(f"Backend {self.name!r} cannot read hidden states.")
+        yield None
+
+    @property
+    def hidden_layers(self) -> int:
+        """How many decoder layers the model has (what :func:`~pcd_engine.backends.taps.middle_layer` halves)."""
+        raise NotImplementedError(f"Backend {self.name!r} does not report its layers.")
 
     @property
     def default_memory_budget_mb(self) -> float:

@@ -11,10 +11,12 @@ from its methods, so a backend overrides hooks, never this machinery.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import numpy as np
 
+from pcd_engine.backends.taps import FeatureTap, Seen, record_pass
 from pcd_engine.decide.tree import TreeBatch, TrieBuilder
 from pcd_engine.errors import PromptAlignmentError
 
@@ -67,7 +69,11 @@ class Hooks(Protocol):
 
     def _fork(self, cache: Any) -> Any: ...
 
-    def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray: ...
+    def _packed_pass(
+        self, cache: Any, past: int, causal: list[int], batch: TreeBatch, *, tap: FeatureTap | None = None
+    ) -> np.ndarray: ...
+
+    def _tapping(self, layer: int | None, *, keep: np.ndarray | None = None) -> AbstractContextManager[Seen | None]: ...
 
     def _rows_pass(self, state: Any, causal: list[int], batch: TreeBatch) -> np.ndarray: ...
 
@@ -196,7 +202,7 @@ def append_and_score(backend: Hooks, state: Any, causal: Sequence[int], batch: T
         )
     if backend.scorer == "rows":
         return backend._rows_pass(state, causal, batch)
-    out = backend._packed_pass(state.cache, state.length, causal, batch)
+    out = backend._packed_pass(state.cache, state.length, causal, batch, tap=getattr(state, "tap", None))
     state.ids.extend(causal)
     state.length += len(causal)
     return out
@@ -231,7 +237,14 @@ def batched_pass(
         for r, token in zip(b.query_rows, b.query_tokens, strict=True):
             picks.append((int(kept[i * t + (len(c) - 1 if r < 0 else c_max + r)]), int(token)))
     cache = backend._buffered_cache(states, widest, t)
-    picked = backend._buffered_pass(cache, ids, qpos, visible, kpos, read, picks=picks)
+    taps: list[FeatureTap | None] = [getattr(s, "tap", None) for s in states]
+    layer = next((tap.layer for tap in taps if tap is not None), None)
+    with backend._tapping(layer, keep=read) as seen:
+        picked = backend._buffered_pass(cache, ids, qpos, visible, kpos, read, picks=picks)
+    for i, (tap, past, c, b) in enumerate(zip(taps, pasts, causal, batches, strict=True)):
+        if tap is not None and seen is not None:
+            record_pass(tap, seen, past=past, fed=len(c), batch=b, row=i, slot=_slots(len(c), c_max),
+                        kept=_kept(kept, i * t))  # fmt: skip
     for i, (state, c) in enumerate(zip(states, causal, strict=True)):
         if c:
             backend._buffered_adopt(state, cache, i, widest - pasts[i], widest + len(c))
@@ -239,6 +252,16 @@ def batched_pass(
             state.length += len(c)
     bounds = np.cumsum([0, *(len(b.query_rows) for b in batches)])
     return [picked[bounds[i] : bounds[i + 1]] for i in range(len(batches))]
+
+
+def _slots(fed: int, c_max: int) -> Callable[[int], int]:
+    """A batch row's input slot of each row of its request (the causal block from slot 0, the tree from ``c_max``)."""
+    return lambda r: r if r < fed else c_max + r - fed
+
+
+def _kept(kept: np.ndarray, first: int) -> Callable[[int], int]:
+    """The index among a batched pass's kept rows of each slot of the batch row starting at flat slot ``first``."""
+    return lambda s: int(kept[first + s])
 
 
 def packed_generate(backend: Hooks, state: Any, growth: Growth, before_pass: Callable[[], None]) -> None:

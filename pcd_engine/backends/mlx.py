@@ -25,6 +25,7 @@ On Linux mlx is loaded over the system's OpenBLAS where there is one (see
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,20 +33,24 @@ import numpy as np
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
 from pcd_engine.backends.growth import estimate_pass_bytes
-from pcd_engine.backends.mlx_load import load_mlx_model
+from pcd_engine.backends.mlx_load import load_checked, load_mlx_model
 from pcd_engine.backends.mlx_tree import (
     TreeLayer,
     TreePass,
     copy_native,
+    decoder_layers,
+    final_norm,
+    hidden_taps,
     import_mlx,
     module_wrappers,
+    picked_forward,
     picked_logprobs,
     preload_blas,
     stacked_layers,
 )
-from pcd_engine.backends.model_folder import check_model_folder
+from pcd_engine.backends.taps import FeatureTap, Seen, record_chains, record_extension, record_pass
 from pcd_engine.decide.tree import TreeBatch
-from pcd_engine.errors import ModelLoadError, OptionError
+from pcd_engine.errors import OptionError
 
 __all__ = ["MLXBackend", "load_mlx_model", "preload_blas"]
 
@@ -135,46 +140,27 @@ class MLXBackend(Backend):
             for attn in attention:
                 if not isinstance(attn.rope, tree_rope):
                     attn.rope = tree_rope(attn.rope)
-        inner: Any = getattr(model, "model", None)
-        norm = getattr(inner, "norm", None)
+        inner, name = final_norm(model)
+        norm = getattr(inner, name, None) if name else None
         self._picker: Any = None
         if norm is not None and callable(norm):
             self._picker = norm if isinstance(norm, row_picker) else row_picker(norm, self._shared)
-            inner.norm = self._picker
+            setattr(inner, name, self._picker)
 
     @classmethod
     def load(
         cls, path: str, *, device: str | None = None, dtype: str | None = None, scorer: str = "auto"
     ) -> MLXBackend:
-        """Load a model with ``mlx_lm.load``: a local folder, or a repo id (MLX conversions, 4-bit included).
-
-        A folder written by transformers 5 loads as it is (see :func:`load_mlx_model`).
-
-        Args:
-            path: A local folder with ``config.json``, or a repo id in the local Hugging Face cache.
-            device: ``None``, ``"cpu"`` or ``"gpu"``.
-            dtype: ``None`` keeps the stored weights (quantized ones included); ``"float32"``, ``"bfloat16"`` or
-                ``"float16"`` casts the floating-point parameters.
-            scorer: See :class:`MLXBackend`.
+        """Load a model with ``mlx_lm.load`` (:func:`~pcd_engine.backends.mlx_load.load_checked`): a local folder
+        with ``config.json``, or a repo id in the local Hugging Face cache (MLX conversions, 4-bit included; a folder
+        written by transformers 5 loads as it is). ``device``: ``None``, ``"cpu"`` or ``"gpu"``; ``dtype``: ``None``
+        keeps the stored weights, ``"float32"``, ``"bfloat16"`` or ``"float16"`` casts the floating-point ones.
 
         Raises:
             ModelLoadError: If the model cannot be loaded.
             OptionError: If ``dtype`` is unknown.
         """
-        mx = import_mlx()
-        if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
-            raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
-        check_model_folder(path)
-        try:
-            model, tokenizer = load_mlx_model(path)
-        except Exception as exc:  # mlx-lm raises OSError, ValueError and hub errors alike
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise ModelLoadError(
-                f"Model {path!r}: expected a local MLX/transformers model folder or a repo id in the local Hugging "
-                f"Face cache, but mlx_lm.load failed: {first}"
-            ) from exc
-        if dtype is not None:
-            model.set_dtype(getattr(mx, dtype))
+        model, tokenizer = load_checked(path, dtype=dtype)
         return cls(model, tokenizer, scorer=scorer, device=device)
 
     @property
@@ -315,30 +301,29 @@ class MLXBackend(Backend):
         """One model call; returns float32 logits of the ``keep`` rows (all rows when ``None``). ``keep`` is a list
         of sequence rows (batch of 1), or a boolean ``[rows, new]`` mask whose kept rows come back as one row in
         (row, slot) order."""
-        mx = import_mlx()
-        if self._picker is not None:
-            self._picker._shared = self._shared  # another backend on the same model may have wrapped it last
-        where: Any = None
-        if isinstance(keep, np.ndarray) and keep.ndim == 2:
-            rows, slots = np.nonzero(keep)
-            where = (mx.array(rows.astype(np.int32)), mx.array(slots.astype(np.int32)))
-        elif keep is not None:
-            where = mx.array(list(keep))
-        self._shared.keep = None if self._picker is None else where
-        try:
-            if self._device is None:
-                logits = self.model(inputs, cache=cache)
-            else:
-                with mx.stream(self._device):
-                    logits = self.model(inputs, cache=cache)
-        finally:
-            self._shared.keep = None
+        logits = picked_forward(self.model, self._shared, self._picker, self._device, inputs, cache, keep)
         self.forward_passes += 1
-        if where is not None and self._picker is None:
-            logits = logits[where[0], where[1]][None] if isinstance(where, tuple) else logits[:, where]
-        return logits.astype(mx.float32)
+        return logits
 
-    def _packed_pass(self, cache: list[TreeLayer], past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
+    @contextmanager
+    def _tapping(self, layer: int | None, *, keep: np.ndarray | None = None) -> Iterator[Seen | None]:
+        """See :meth:`Backend._tapping` (:func:`~pcd_engine.backends.mlx_tree.hidden_taps`)."""
+        if layer is None:
+            yield None
+            return
+        if self._picker is not None:
+            self._picker._shared = self._shared  # as _forward does: the pass reads this backend's TreePass
+        with hidden_taps(self.model, self._picker, layer) as seen:
+            yield seen
+
+    @property
+    def hidden_layers(self) -> int:
+        """The model's decoder layers."""
+        return len(decoder_layers(self.model))
+
+    def _packed_pass(
+        self, cache: list[TreeLayer], past: int, causal: list[int], batch: TreeBatch, *, tap: FeatureTap | None = None
+    ) -> np.ndarray:
         mx = import_mlx()
         n = len(batch.tokens)
         if not causal and n == 0:
@@ -348,9 +333,12 @@ class MLXBackend(Backend):
         keep = sorted(set(rows)) if rows else [len(causal) + n - 1]
         self._shared.begin(visible, qpos, kpos, causal_only=n == 0)
         try:
-            logits = self._forward(mx.array([causal + list(batch.tokens)]), cache, keep=keep)[0]
+            with self._tapping(None if tap is None else tap.layer) as seen:
+                logits = self._forward(mx.array([causal + list(batch.tokens)]), cache, keep=keep)[0]
         finally:
             self._shared.end()
+        if tap is not None and seen is not None:
+            record_pass(tap, seen, past=past, fed=len(causal), batch=batch, kept=keep.index)
         for layer in cache:
             layer.crop(n)
         if not batch.query_rows:
@@ -454,7 +442,11 @@ class MLXBackend(Backend):
         """Row broadcast: extend the request's own caches by ``causal``, then score each root-to-leaf chain as a
         row on a copy of them repeated over the batch (right-padded; padding comes after every read)."""
         mx = import_mlx()
-        state.cache, last = self._extend_native(state.cache, causal)
+        tap, past, fed = state.tap, state.length, len(causal)
+        with self._tapping(None if tap is None else tap.layer) as seen:
+            state.cache, last = self._extend_native(state.cache, causal)
+        if tap is not None and seen is not None and causal:
+            record_extension(tap, seen, past=past, fed=fed, batch=batch)
         state.ids.extend(causal)
         state.length += len(causal)
         chains, row_of = batch.chains()
@@ -471,7 +463,11 @@ class MLXBackend(Backend):
             for g, chain in enumerate(group):
                 inputs[g, : len(chain)] = [batch.tokens[c] for c in chain]
             rows_cache = self._copy_native(state.cache, repeat=len(group))
-            logits = self._forward(mx.array(inputs), rows_cache, keep=None)
+            with self._tapping(None if tap is None else tap.layer) as seen:
+                logits = self._forward(mx.array(inputs), rows_cache, keep=None)
+            if tap is not None and seen is not None:
+                record_chains(tap, seen, fed=fed, batch=batch, row_of=row_of, first=start, count=len(group),
+                              longest=longest)  # fmt: skip
             for node in wanted:
                 chain_index, offset = row_of[node]
                 if start <= chain_index < start + len(group):

@@ -15,10 +15,37 @@ from typing import Any
 import numpy as np
 
 from pcd_engine.backends.mlx_tree import import_mlx
+from pcd_engine.backends.model_folder import check_model_folder
+from pcd_engine.errors import ModelLoadError, OptionError
 
-__all__ = ["load_mlx_model", "mlx_config_overrides", "mlx_weights_fix"]
+__all__ = ["load_checked", "load_mlx_model", "mlx_config_overrides", "mlx_weights_fix"]
 
 _NO_CODE = {"trust_remote_code": False}  # the tokenizer's loader (transformers) never runs a folder's code either
+
+
+def load_checked(path: str, *, dtype: str | None = None) -> tuple[Any, Any]:
+    """The folder checked (:func:`~pcd_engine.backends.model_folder.check_model_folder`), then
+    :func:`load_mlx_model`, its floating-point parameters cast to ``dtype`` when given.
+
+    Raises:
+        ModelLoadError: If the model cannot be loaded.
+        OptionError: If ``dtype`` is unknown.
+    """
+    mx = import_mlx()
+    if dtype is not None and dtype not in ("float32", "bfloat16", "float16"):
+        raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
+    check_model_folder(path)
+    try:
+        model, tokenizer = load_mlx_model(path)
+    except Exception as exc:  # mlx-lm raises OSError, ValueError and hub errors alike
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ModelLoadError(
+            f"Model {path!r}: expected a local MLX/transformers model folder or a repo id in the local Hugging "
+            f"Face cache, but mlx_lm.load failed: {first}"
+        ) from exc
+    if dtype is not None:
+        model.set_dtype(getattr(mx, dtype))
+    return model, tokenizer
 
 
 def load_mlx_model(path: str) -> tuple[Any, Any]:

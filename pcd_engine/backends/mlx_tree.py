@@ -21,20 +21,26 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from pcd_engine.errors import pip_install, require
+from pcd_engine.backends.taps import Seen
+from pcd_engine.errors import PCDError, pip_install, require
 
 __all__ = [
     "INSTALL_HINT",
     "TreeLayer",
     "TreePass",
     "copy_native",
+    "decoder_layers",
+    "final_norm",
+    "hidden_taps",
     "import_mlx",
     "module_wrappers",
+    "picked_forward",
     "picked_logprobs",
     "preload_blas",
     "stacked_layers",
@@ -123,10 +129,14 @@ def module_wrappers() -> tuple[type, type]:
         def __call__(self, x: Any) -> Any:
             keep = self._shared.keep
             if keep is None:
-                return self.inner(x)
-            if isinstance(keep, tuple):  # (batch rows, slots): the kept rows of a batch, as one row
-                return self.inner(x[keep[0], keep[1]][None])
-            return self.inner(x[:, keep])
+                out = self.inner(x)
+            elif isinstance(keep, tuple):  # (batch rows, slots): the kept rows of a batch, as one row
+                out = self.inner(x[keep[0], keep[1]][None])
+            else:
+                out = self.inner(x[:, keep])
+            if self._shared.seen is not None:  # a feature tap keeps the final states
+                self._shared.seen["last"] = out
+            return out
 
     return TreeRoPE, RowPicker
 
@@ -136,6 +146,7 @@ class TreePass:
 
     def __init__(self) -> None:
         self.keep: Any = None
+        self.seen: dict[str, Any] | None = None
         self.positions: Any = 0
         self._visible: np.ndarray | None = None
         self._distance: np.ndarray | None = None
@@ -216,6 +227,34 @@ class TreeLayer:
         return TreeLayer(self.shared, window=self.window, keys=self.keys, values=self.values)
 
 
+def picked_forward(model: Any, shared: TreePass, picker: Any, device: Any, inputs: Any, cache: Any, keep: Any) -> Any:
+    """One model call on ``device`` (``None``: MLX's default); float32 logits of the ``keep`` rows (all rows when
+    ``None``). ``keep`` is a list of sequence rows (batch of 1), or a boolean ``[rows, new]`` mask whose kept rows come
+    back as one row in (row, slot) order. The final norm's ``picker`` (``None`` when the model has no norm to wrap)
+    keeps the rows before the vocabulary projection, reading ``shared``."""
+    mx = import_mlx()
+    if picker is not None:
+        picker._shared = shared  # another backend on the same model may have wrapped it last
+    where: Any = None
+    if isinstance(keep, np.ndarray) and keep.ndim == 2:
+        rows, slots = np.nonzero(keep)
+        where = (mx.array(rows.astype(np.int32)), mx.array(slots.astype(np.int32)))
+    elif keep is not None:
+        where = mx.array(list(keep))
+    shared.keep = None if picker is None else where
+    try:
+        if device is None:
+            logits = model(inputs, cache=cache)
+        else:
+            with mx.stream(device):
+                logits = model(inputs, cache=cache)
+    finally:
+        shared.keep = None
+    if where is not None and picker is None:
+        logits = logits[where[0], where[1]][None] if isinstance(where, tuple) else logits[:, where]
+    return logits.astype(mx.float32)
+
+
 def picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int], arrays: list[Any]) -> np.ndarray:
     """``log_softmax(logits)[rows[i], tokens[i]]`` for each ``i``, as ``float64``, evaluated with ``arrays``
     (the caches the pass grew)."""
@@ -225,6 +264,82 @@ def picked_logprobs(logits: Any, rows: Sequence[int], tokens: Sequence[int], arr
     picked = logits[where, mx.array(list(tokens))] - norm[where]
     mx.eval(picked, arrays)
     return np.array(picked, dtype=np.float64)
+
+
+_FINAL_NORMS = ("norm", "embedding_norm", "final_layernorm")
+
+
+def _decoder(model: Any) -> Any:
+    """The module of an mlx-lm model that holds its decoder layers (``None`` when pcd finds none)."""
+    language = getattr(model, "language_model", None)
+    for owner in (getattr(model, "model", None), getattr(language, "model", None), language, model):
+        layers = getattr(owner, "layers", None)
+        if isinstance(layers, list) and layers:
+            return owner
+    return None
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The decoder layers of an mlx-lm model, in order (the list its forward iterates).
+
+    Raises:
+        PCDError: If the model keeps them where pcd does not look.
+    """
+    owner = _decoder(model)
+    if owner is None:
+        raise PCDError(f"Hidden states: expected a model with decoder layers, but {type(model).__name__} has none.")
+    return owner.layers  # type: ignore[no-any-return]
+
+
+def final_norm(model: Any) -> tuple[Any, str]:
+    """Where an mlx-lm model keeps its final norm (the module after the decoder layers, before the vocabulary
+    projection): ``(owner, attribute)``, or ``(None, "")`` when it has none pcd knows."""
+    owner = _decoder(model)
+    for name in _FINAL_NORMS:
+        if owner is not None and callable(getattr(owner, name, None)):
+            return owner, name
+    return None, ""
+
+
+@contextmanager
+def hidden_taps(model: Any, picker: Any, layer: int) -> Iterator[Seen]:
+    """Expose hidden-state ``layer`` (the output of decoder layer ``layer - 1``) and the final states the vocabulary
+    projection reads (what the backend's ``RowPicker`` passes on), for the model calls run inside the block: the
+    layer is swapped for a recorder in the model's own list, and put back on exit.
+
+    Raises:
+        PCDError: If the model has no final norm to read the last states from.
+    """
+    mx = import_mlx()
+    if picker is None:
+        raise PCDError(f"Hidden states: expected a model with a final norm, but {type(model).__name__} has none.")
+    layers = decoder_layers(model)
+    inner = layers[layer - 1]
+    got: dict[str, Any] = {}
+
+    class Recorder:
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            out = inner(*args, **kwargs)
+            got["middle"] = out[0] if isinstance(out, tuple) else out
+            return out
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+    def middle(row: int, rows: list[int]) -> np.ndarray:
+        return np.array(got["middle"][row][mx.array(rows)].astype(mx.float32), dtype=np.float64)
+
+    def last(index: int) -> np.ndarray:
+        states = got["last"]
+        return np.array(states.reshape(-1, states.shape[-1])[index].astype(mx.float32), dtype=np.float64)
+
+    layers[layer - 1] = Recorder()
+    picker._shared.seen = got
+    try:
+        yield Seen(middle, last)
+    finally:
+        layers[layer - 1] = inner
+        picker._shared.seen = None
 
 
 def stacked_layers(

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import inspect
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,16 +23,19 @@ import numpy as np
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
 from pcd_engine.backends.growth import estimate_pass_bytes
-from pcd_engine.backends.model_folder import check_model_folder
+from pcd_engine.backends.taps import FeatureTap, Seen, record_chains, record_extension, record_pass
+from pcd_engine.backends.torch_load import load_model
 from pcd_engine.backends.torch_tree import (
+    decoder_layers,
     filled_layer_class,
     fork_cache,
+    hidden_taps,
     import_torch,
     picked_logprobs,
     tree_masks,
 )
 from pcd_engine.decide.tree import TreeBatch
-from pcd_engine.errors import ModelLoadError, OptionError
+from pcd_engine.errors import OptionError
 
 __all__ = ["TorchBackend"]
 
@@ -114,46 +118,8 @@ class TorchBackend(Backend):
         Raises:
             ModelLoadError: If the model cannot be loaded.
         """
-        torch = import_torch()
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        if dtype is None:
-            torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        else:
-            torch_dtype = getattr(torch, dtype, None)
-            if not isinstance(torch_dtype, torch.dtype):
-                raise OptionError(f"dtype: expected 'float32', 'bfloat16' or 'float16', but got {dtype!r}.")
-        check_model_folder(path)
-        try:
-            config = AutoConfig.from_pretrained(path, trust_remote_code=False)  # never run a folder's code
-            softcap = getattr(config.get_text_config(), "attn_logit_softcapping", None)
-            kernel = "eager" if softcap else "sdpa"
-            try:
-                model = AutoModelForCausalLM.from_pretrained(
-                    path, dtype=torch_dtype, attn_implementation=kernel, trust_remote_code=False, use_safetensors=True
-                )
-            except ValueError as exc:  # e.g. gpt-oss (attention sinks): transformers has no SDPA path for it
-                if kernel != "sdpa" or "scaled_dot_product_attention" not in str(exc):
-                    raise
-                model = AutoModelForCausalLM.from_pretrained(
-                    path, dtype=torch_dtype, attn_implementation="eager", trust_remote_code=False, use_safetensors=True
-                )
-            tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-        except OSError as exc:
-            raise ModelLoadError(
-                f"Model {path!r}: expected a local model folder or a repo id in the local Hugging Face cache, but "
-                f"loading failed: {str(exc).splitlines()[0]}"
-            ) from exc
-        except ValueError as exc:
-            if "trust_remote_code" not in str(exc):
-                raise
-            raise ModelLoadError(
-                f"Model {path!r}: expected a model transformers implements itself, but the folder names its own "
-                "Python code, which pcd never runs."
-            ) from exc
-        loaded: Any = model
-        return cls(loaded.to(device), tokenizer, scorer=scorer)
+        model, tokenizer = load_model(path, device=device, dtype=dtype)
+        return cls(model, tokenizer, scorer=scorer)
 
     @property
     def max_context(self) -> int:
@@ -283,7 +249,24 @@ class TorchBackend(Backend):
         window = self._window if self._sliding else None
         return tree_masks(visible, qpos, kpos, dtype=self._dtype, device=self._device, window=window)
 
-    def _packed_pass(self, cache: Any, past: int, causal: list[int], batch: TreeBatch) -> np.ndarray:
+    @contextmanager
+    def _tapping(self, layer: int | None, *, keep: np.ndarray | None = None) -> Iterator[Seen | None]:
+        """See :meth:`Backend._tapping` (forward hooks: :func:`~pcd_engine.backends.torch_tree.hidden_taps`)."""
+        if layer is None:
+            yield None
+            return
+        mask = None if keep is None else import_torch().from_numpy(keep)
+        with hidden_taps(self.model, layer, keep=mask) as seen:
+            yield seen
+
+    @property
+    def hidden_layers(self) -> int:
+        """The model's decoder layers (``num_hidden_layers``)."""
+        return len(decoder_layers(self.model))
+
+    def _packed_pass(
+        self, cache: Any, past: int, causal: list[int], batch: TreeBatch, *, tap: FeatureTap | None = None
+    ) -> np.ndarray:
         torch = import_torch()
         n = len(batch.tokens)
         if not causal and n == 0:
@@ -293,7 +276,7 @@ class TorchBackend(Backend):
         ids = torch.tensor([causal + list(batch.tokens)], device=self._device)
         pos = torch.from_numpy(positions).to(self._device)[None]
         keep = n + (1 if causal else 0)
-        with self._grad():
+        with self._grad(), self._tapping(None if tap is None else tap.layer) as seen:
             out = self.model(
                 input_ids=ids,
                 position_ids=pos,
@@ -303,6 +286,9 @@ class TorchBackend(Backend):
                 logits_to_keep=max(keep, 1),
             )
         self.forward_passes += 1
+        if tap is not None and seen is not None:
+            first = len(causal) + n - max(keep, 1)
+            record_pass(tap, seen, past=past, fed=len(causal), batch=batch, kept=lambda s: s - first)
         if n:
             for layer in cache.layers:
                 layer.crop(-n)
@@ -414,7 +400,11 @@ class TorchBackend(Backend):
         """Row broadcast: extend the request's own cache by ``causal``, then score each root-to-leaf chain as a
         row on a copy of that cache repeated over the batch (right-padded; padding comes after every read)."""
         torch = import_torch()
-        state.cache, last = self._extend_native(state.cache, causal)
+        tap, past, fed = state.tap, state.length, len(causal)
+        with self._tapping(None if tap is None else tap.layer) as seen:
+            state.cache, last = self._extend_native(state.cache, causal)
+        if tap is not None and seen is not None and causal:
+            record_extension(tap, seen, past=past, fed=fed, batch=batch)
         state.ids.extend(causal)
         state.length += len(causal)
         chains, row_of = batch.chains()
@@ -435,14 +425,18 @@ class TorchBackend(Backend):
                     inputs[g, : len(chain)] = torch.tensor([batch.tokens[c] for c in chain], device=self._device)
                     attn[g, state.length : state.length + len(chain)] = 1
                 rows_cache = self._repeated(state.cache, len(group))
-                logits = self.model(
-                    input_ids=inputs, attention_mask=attn, **{self._cache_kw: rows_cache}, use_cache=True
-                ).logits.float()
+                with self._tapping(None if tap is None else tap.layer) as seen:
+                    logits = self.model(
+                        input_ids=inputs, attention_mask=attn, **{self._cache_kw: rows_cache}, use_cache=True
+                    ).logits.float()
                 self.forward_passes += 1
                 for node in wanted:
                     chain_index, offset = row_of[node]
                     if start <= chain_index < start + len(group):
                         dists[node] = torch.log_softmax(logits[chain_index - start, offset], dim=-1)
+                if tap is not None and seen is not None:
+                    record_chains(tap, seen, fed=fed, batch=batch, row_of=row_of, first=start, count=len(group),
+                                  longest=longest)  # fmt: skip
         out = np.empty(len(batch.query_rows))
         for q, (row, token) in enumerate(zip(batch.query_rows, batch.query_tokens, strict=True)):
             out[q] = float(dists[row][token])

@@ -1,26 +1,79 @@
 """The tree-packed pieces of the PyTorch backend (:mod:`pcd_engine.backends.torch`), as
 :mod:`pcd_engine.backends.mlx_tree` holds the MLX backend's: the tree masks a packed pass attends under, the fork of
 a prefix's cache that a request writes into, the batch buffer several requests share
-(:func:`filled_layer_class`), and the log-probabilities a pass reads.
+(:func:`filled_layer_class`), the log-probabilities a pass reads, and the hidden states a feature tap keeps
+(:func:`hidden_taps`).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 
-from pcd_engine.errors import pip_install, require
+from pcd_engine.backends.taps import Seen
+from pcd_engine.errors import PCDError, pip_install, require
 
-__all__ = ["filled_layer_class", "fork_cache", "import_torch", "picked_logprobs", "tree_masks"]
+__all__ = ["decoder_layers", "filled_layer_class", "fork_cache", "hidden_taps", "import_torch", "picked_logprobs",
+           "tree_masks"]  # fmt: skip
 
 
 def import_torch() -> Any:
     """``torch``, or a :class:`~pcd_engine.errors.BackendUnavailableError` that says how to install it."""
     install = f"{pip_install('torch')} (on CPU: pip install torch==2.13.0 first)"
     return require("torch", what="Backend 'torch'", install=install)[0]
+
+
+def decoder_layers(model: Any) -> Any:
+    """The decoder layers of a transformers causal LM, in order (the ``layers`` of its decoder).
+
+    Raises:
+        PCDError: If the model keeps them where pcd does not look.
+    """
+    for owner in (getattr(model, "get_decoder", lambda: None)(), getattr(model, "model", None), model):
+        layers = getattr(owner, "layers", None)
+        if layers is not None and len(layers):
+            return layers
+    raise PCDError(f"Hidden states: expected a model with decoder layers, but {type(model).__name__} has none.")
+
+
+@contextmanager
+def hidden_taps(model: Any, layer: int, *, keep: Any = None) -> Iterator[Seen]:
+    """Expose hidden-state ``layer`` (the output of decoder layer ``layer - 1``) and the final states the
+    vocabulary projection reads, for the forward calls run inside the block (forward hooks, removed on exit).
+
+    ``Seen.last`` indexes the rows the projection read, flattened in (batch row, slot) order; a model that ignored a
+    boolean ``logits_to_keep`` mask (``keep``) and projected every row is cut to the kept rows first.
+    """
+    got: dict[str, Any] = {}
+
+    def on_layer(_module: Any, _args: Any, output: Any) -> None:
+        got["middle"] = output[0] if isinstance(output, tuple) else output
+
+    def on_head(_module: Any, args: Any) -> None:
+        got["last"] = args[0]
+
+    def middle(row: int, rows: list[int]) -> np.ndarray:
+        return got["middle"][row, rows].double().cpu().numpy()  # type: ignore[no-any-return]
+
+    def last(index: int) -> np.ndarray:
+        states = got["last"]
+        if keep is not None and states.ndim == 3 and states.shape[:2] == tuple(keep.shape):
+            states = states[keep.to(states.device)]
+        return states.reshape(-1, states.shape[-1])[index].double().cpu().numpy()  # type: ignore[no-any-return]
+
+    handles = [
+        decoder_layers(model)[layer - 1].register_forward_hook(on_layer),
+        model.get_output_embeddings().register_forward_pre_hook(on_head),
+    ]
+    try:
+        yield Seen(middle, last)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def fork_cache(cache: Any) -> Any:

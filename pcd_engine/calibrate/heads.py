@@ -1,24 +1,25 @@
-"""Decision heads (issue 46, first part): a small linear model per closed field over hidden states of the model's
-own pass, fitted from a few labelled examples, and kept as plain JSON tied to the model and schema it was fitted on.
+"""Decision heads (issue 46): a small linear model per closed field over hidden states of the model's own pass,
+fitted from a few labelled examples, and kept as plain JSON tied to the model and schema it was fitted on.
 
 This module owns the head as a value: its numbers, the arithmetic that turns features into a distribution over the
-field's labels, fitting one from features with scikit-learn, saving, loading and checking it (every number and label
-of a file is checked, as a calibration's are; nothing is unpickled), and the gate: each example scored by a head
-fitted without it (stratified folds), against the model's own decision on the same examples, with a paired
-bootstrap interval of the accuracy gained. Reading the features from the scoring
-pass and deciding fields with a head on every surface are the issue's next parts: until then nothing in the engine
-uses a head.
+field's labels, fitting one with scikit-learn (:meth:`Head.fit` reads the features from the engine's own passes,
+:meth:`~pcd_engine.engine.Engine.read_features`), the held-out distributions its gate
+(:mod:`pcd_engine.calibrate.gates`) compares with the model's own decision, saving, loading and checking it (every
+number and label of a file is checked, as a calibration's are; nothing is unpickled). A call decides a field with
+its head through the ``head`` option (:class:`~pcd_engine.options.ExtractOptions`).
 
-The feature recipe of the design study (``benchmarks/study_head_features.py``): the last layer's state at the
-field's answer position beside a middle layer's mean over the document, standardized; a multinomial logistic
-regression with an L2 penalty on top.
+The feature recipe, measured in the design study (``benchmarks/study_head_features.py``): the last layer's state at
+the field's answer position (where its decision is read) beside the middle layer's mean over the document's tokens,
+standardized; a multinomial logistic regression with an L2 penalty on top.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,19 +32,18 @@ from pcd_engine.calibrate.fitted import (
     same_labels,
     write_json_file,
 )
+from pcd_engine.calibrate.gates import Gate, gate
 from pcd_engine.errors import OptionError
-from pcd_engine.schema import Schema
+from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = [
     "FEATURE_RECIPES",
+    "FIT_CHUNK",
     "FieldHead",
-    "Gate",
     "Head",
-    "Scores",
+    "example_targets",
     "fit_field_head",
-    "gate",
     "held_out_distributions",
-    "scores",
 ]
 
 FEATURE_RECIPES = ("answer-last+document-middle",)
@@ -57,6 +57,9 @@ examples' mean features its odds are 1/1000 of the least likely shown label's. I
 distribution, and the head does not decide it on its own."""
 
 _FORMAT = "pcd-head/1"
+
+FIT_CHUNK = 64
+"""Documents whose features :meth:`Head.fit` reads per call of the engine (its ``progress`` is called before each)."""
 
 
 def _real(where: str, value: Any) -> float:
@@ -206,6 +209,8 @@ class Head:
         features: How the features are read, one of :data:`FEATURE_RECIPES`.
         examples: How many labelled examples it was fitted on.
         fields: One :class:`FieldHead` per field it decides (the others are decided as without a head).
+        gates: From :meth:`fit`, each field's head against the model's own decision on held-out examples
+            (:class:`~pcd_engine.calibrate.gates.Gate`); not saved, and empty on a loaded head.
     """
 
     schema_fingerprint: str
@@ -214,6 +219,7 @@ class Head:
     features: str
     examples: int
     fields: tuple[FieldHead, ...]
+    gates: tuple[Gate, ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         for name in ("schema_fingerprint", "schema_title", "model"):
@@ -230,6 +236,85 @@ class Head:
         if len(set(names)) != len(names) or len({f.width for f in fields}) != 1:
             raise OptionError(f"Head fields: expected each field once, all reading the same features, got {names}.")
         object.__setattr__(self, "fields", fields)
+
+    @classmethod
+    def fit(
+        cls,
+        engine: Any,
+        schema: Any,
+        examples: Sequence[tuple[str, Mapping[str, Any]]],
+        *,
+        fields: Sequence[str] | None = None,
+        options: Any = None,
+        c: float = 0.1,
+        batch_size: int | None = None,
+        progress: Callable[[str], None] | None = None,
+        require_better: bool = False,
+        seed: int = 0,
+    ) -> Head:
+        """Fit a head per labelled field from ``examples``, read from the engine's own passes, and gate it.
+
+        Each example's text is decided once (closed fields only, nothing generated) with ``options``, keeping the
+        features a head reads (:meth:`~pcd_engine.engine.Engine.read_features`); each field's head is fitted on the
+        examples that label it (:func:`fit_field_head`). The gate scores each example with a head fitted without it
+        (:func:`held_out_distributions`) against the decision the call would make without a head (its correction
+        included), with a paired bootstrap interval (:attr:`gates`).
+
+        Few examples work (down to 2 per label; the study's 10 per label read BBC topics at 85%), unbalanced ones
+        too (the regression weighs them as they come); a label no example shows stays possible but is never
+        decided alone (:data:`UNSEEN_LOG_ODDS`).
+
+        Args:
+            engine: The :class:`~pcd_engine.engine.Engine` (its model is the one the head reads).
+            schema: The schema (anything :func:`~pcd_engine.schema.compile_schema` takes).
+            examples: ``(text, {field: value})`` pairs; a field an example leaves out is not used for that field.
+            fields: The fields to fit heads for (``None``: every single-label closed field the examples label).
+            options: :class:`~pcd_engine.options.ExtractOptions` or a mapping: the prompt options the head will be
+                used with (a ``head`` there is refused).
+            c: The inverse L2 penalty of the regressions.
+            batch_size: Documents per pass (``None``: the engine's choice).
+            progress: Called with a short description before each chunk of :data:`FIT_CHUNK` documents.
+            require_better: Refuse (:class:`~pcd_engine.errors.OptionError`) when a field's head is not better than
+                the model's own decision beyond chance (:attr:`~pcd_engine.calibrate.gates.Gate.better`).
+            seed: Seeds the held-out folds and the bootstrap.
+
+        Raises:
+            OptionError: If there are no examples, one is malformed or gives a value its field does not allow, a
+                field's examples show fewer than two labels, the options carry a head, or ``require_better`` and a
+                head is not better.
+        """
+        from pcd_engine.schema import compile_schema
+
+        compiled = compile_schema(schema)
+        call = engine.resolve(options)
+        if call.head is not None:
+            raise OptionError("Head: expected options without a head to fit a new one on.")
+        targets = example_targets(compiled, examples, fields)
+        texts = [text for text, _ in examples]
+        rows: list[Any] = []
+        for first in range(0, len(texts), FIT_CHUNK):
+            chunk = texts[first : first + FIT_CHUNK]
+            if progress is not None:
+                progress(f"documents {first + 1}-{first + len(chunk)}/{len(texts)}")
+            rows += engine.read_features(chunk, compiled, call, fields=list(targets), batch_size=batch_size)
+        heads, gates = [], []
+        for name, labels in targets.items():
+            spec = compiled.field(name)
+            values = [label.value for label in spec.labels]
+            shown = [i for i, t in enumerate(labels) if t is not None]
+            x = [rows[i][1][name].tolist() for i in shown]
+            y = [int(labels[i]) for i in shown]  # type: ignore[arg-type]
+            heads.append(fit_field_head(name, values, x, y, c=c))
+            held = held_out_distributions(name, values, x, y, c=c, seed=seed)
+            zero = [rows[i][0][name].label_distribution for i in shown]
+            gates.append(gate(name, held, zero, y, seed=seed))
+        worse = [g for g in gates if not g.better]
+        if require_better and worse:
+            raise OptionError("Head: expected each head to beat the model's own decision, but " + "; ".join(
+                f"{g.field!r} gained {g.gain:+.1f} points (95% interval {g.interval[0]:+.1f} to {g.interval[1]:+.1f}) "
+                f"on {g.held_out} held-out examples" for g in worse) + ".")  # fmt: skip
+        return cls(compiled.fingerprint, compiled.title, engine.model_id, FEATURE_RECIPES[0], len(texts),
+                   tuple(heads), gates=tuple(gates))  # fmt: skip
 
     def field(self, name: str) -> FieldHead | None:
         """The head of field ``name``, or ``None`` when it has none."""
@@ -302,73 +387,6 @@ class Head:
         return cls.from_json(read_json_file(path, "Head"), where=f"Head {str(path)!r}")
 
 
-# ---------------------------------------------------------------------------------------------- the gate
-
-
-@dataclass(frozen=True)
-class Scores:
-    """How well one reader's distributions decide held-out examples.
-
-    Attributes:
-        accuracy: Share of examples whose most likely label is the gold one.
-        macro_f1: F1 averaged over the labels that occur (in the gold labels or the decisions).
-        ece: Expected calibration error of the decided label's probability, 10 equal-width bins.
-        brier: Mean squared error of the whole distribution against the gold label.
-    """
-
-    accuracy: float
-    macro_f1: float
-    ece: float
-    brier: float
-
-
-def scores(distributions: Sequence[Sequence[float]], gold: Sequence[int], *, bins: int = 10) -> Scores:
-    """:class:`Scores` of ``distributions`` (one per example, over the same labels) against ``gold`` (indices)."""
-    import numpy as np
-
-    p = np.asarray(distributions, dtype=np.float64)
-    y = np.asarray(gold, dtype=np.int64)
-    decided = p.argmax(axis=1)
-    right = decided == y
-    f1 = []
-    for label in sorted(set(y.tolist()) | set(decided.tolist())):
-        tp = float(np.sum(right & (y == label)))
-        wrong = float(np.sum(decided == label)) - tp + float(np.sum(y == label)) - tp
-        f1.append(2 * tp / (2 * tp + wrong) if tp or wrong else 0.0)
-    confidence = p.max(axis=1)
-    which = np.minimum((confidence * bins).astype(int), bins - 1)
-    ece = sum(abs(confidence[which == b].mean() - right[which == b].mean()) * np.sum(which == b) for b in
-              range(bins) if np.any(which == b)) / len(y)  # fmt: skip
-    brier = float(np.mean(np.sum((p - np.eye(p.shape[1])[y]) ** 2, axis=1)))
-    return Scores(float(right.mean()), float(np.mean(f1)), float(ece), brier)
-
-
-@dataclass(frozen=True)
-class Gate:
-    """A head against the model's own (zero-shot) decision on the same held-out examples.
-
-    Attributes:
-        field: The field's key.
-        held_out: How many examples were scored (each by a head fitted without it).
-        head: The head's scores.
-        zero_shot: The zero-shot decision's scores.
-        gain: The head's accuracy minus the zero-shot accuracy, in points.
-        interval: A 95% paired bootstrap interval of ``gain`` (the same resampled examples for both).
-    """
-
-    field: str
-    held_out: int
-    head: Scores
-    zero_shot: Scores
-    gain: float
-    interval: tuple[float, float]
-
-    @property
-    def better(self) -> bool:
-        """Whether the head is better than the zero-shot decision beyond chance: the interval's lower end > 0."""
-        return self.interval[0] > 0
-
-
 def held_out_distributions(
     name: str, labels: Sequence[Any], features: Sequence[Sequence[float]], targets: Sequence[int], *,
     folds: int = 5, c: float = 0.1, seed: int = 0,
@@ -403,25 +421,41 @@ def held_out_distributions(
     return out
 
 
-def gate(
-    name: str, head: Sequence[Sequence[float]], zero_shot: Sequence[Sequence[float]], gold: Sequence[int], *,
-    draws: int = 1000, seed: int = 0,
-) -> Gate:  # fmt: skip
-    """Compare a head's held-out distributions with the zero-shot ones on the same examples (:class:`Gate`).
+def example_targets(
+    schema: Schema, examples: Sequence[tuple[str, Mapping[str, Any]]], fields: Sequence[str] | None
+) -> dict[str, list[int | None]]:
+    """Per field to fit, each example's label index (``None`` where the example does not label it).
 
     Raises:
-        OptionError: If the three sequences differ in length or are empty.
+        OptionError: If there are no examples, one is not ``(text, mapping)``, a field is not a single-label closed
+            field, a value is not one of its labels, or a field's examples show fewer than two labels.
     """
-    import numpy as np
+    headed = {s.name: s for s in schema.fields if s.kind in ("enum", "boolean") and len(s.labels) > 1}
+    if not examples:
+        raise OptionError("Head: expected labelled examples to fit on, but got none.")
+    for i, example in enumerate(examples):
+        if not (isinstance(example, tuple) and len(example) == 2 and isinstance(example[0], str)
+                and isinstance(example[1], Mapping)):  # fmt: skip
+            raise OptionError(f"Head example {i}: expected (text, {{field: value}}), but got {example!r}.")
+    for name in [*(fields or ()), *(n for _, labels in examples for n in labels)]:
+        if name not in headed:
+            raise OptionError(f"Head: expected a single-label closed field of {list(headed)}, but got {name!r}.")
+    labelled = {n for _, labels in examples for n in labels}
+    named = [n for n in headed if n in labelled] if fields is None else list(fields)
+    return {name: _targets(headed[name], examples) for name in named}
 
-    if not gold or not len(head) == len(zero_shot) == len(gold):
-        raise OptionError(f"Head gate {name!r}: expected one head and one zero-shot distribution per gold label.")
-    y = np.asarray(gold)
-    right_head = np.asarray(head).argmax(axis=1) == y
-    right_zero = np.asarray(zero_shot).argmax(axis=1) == y
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(y), size=(draws, len(y)))
-    gains = (right_head[picks].mean(axis=1) - right_zero[picks].mean(axis=1)) * 100
-    low, high = np.percentile(gains, [2.5, 97.5])
-    return Gate(name, len(y), scores(head, gold), scores(zero_shot, gold),
-                float((right_head.mean() - right_zero.mean()) * 100), (float(low), float(high)))  # fmt: skip
+
+def _targets(spec: FieldSpec, examples: Sequence[tuple[str, Mapping[str, Any]]]) -> list[int | None]:
+    """Each example's label index for ``spec`` (``None`` where it has none); at least two labels shown."""
+    values = [label.value for label in spec.labels]
+    out: list[int | None] = []
+    for i, (_, labels) in enumerate(examples):
+        value = labels.get(spec.name)
+        value = value.value if isinstance(value, enum.Enum) else value  # an Enum member, as the user's model has it
+        match = [k for k, v in enumerate(values) if v == value and type(v) is type(value)]
+        if spec.name in labels and not match:
+            raise OptionError(f"Head example {i}, field {spec.name!r}: expected one of {values}, but got {value!r}.")
+        out.append(match[0] if match else None)
+    if len({t for t in out if t is not None}) < 2:
+        raise OptionError(f"Head field {spec.name!r}: expected examples of at least two of its labels.")
+    return out

@@ -57,6 +57,7 @@ __all__ = [
     "open_batch",
     "open_lean",
     "read_batch",
+    "read_features",
     "row_groups",
     "run_batch",
 ]
@@ -342,6 +343,8 @@ class Document:
         group: Whose document it is: a batch correction pools only documents of one group (``None``: the
             documents of one call, such as :meth:`~pcd_engine.engine.Engine.extract_many`'s; the collector gives
             each caller's request its own).
+        features: The closed fields whose features the request keeps (what a head is fitted on; see
+            :attr:`~pcd_engine.run.request.Request.features`).
     """
 
     text: str
@@ -350,6 +353,7 @@ class Document:
     cancelled: Callable[[], bool] | None = None
     where: str = "text"
     group: object = None
+    features: frozenset[str] = frozenset()
 
 
 def run_batch(
@@ -377,6 +381,19 @@ def read_batch(
     return [done[k] for k in range(len(documents))]
 
 
+def read_features(
+    engine: Host, documents: Sequence[Document], *, max_documents: int
+) -> list[tuple[dict[str, FieldResult], dict[str, np.ndarray]] | Exception]:
+    """:func:`read_batch` with each document's features of its :attr:`Document.features` fields: per document its
+    closed fields' results and those features by field, or its exception, in order. What a head is fitted on."""
+    batch = open_batch(engine, documents, max_documents=max_documents)
+    done = batch.closed()
+    return [
+        done[k] if isinstance(done[k], Exception) else (done[k], dict(batch.requests[k].features))  # type: ignore[misc]
+        for k in range(len(documents))
+    ]
+
+
 def open_batch(
     engine: Host, documents: Sequence[Document], *, max_documents: int, started: float | None = None
 ) -> Batch:
@@ -401,7 +418,7 @@ def open_batch(
         try:
             text = check_text(doc.text, where=doc.where)
             request = Request.open(engine, doc.schema, doc.call, text, cancelled=doc.cancelled, lean=lean_of(doc),
-                                   group=doc.group)  # fmt: skip
+                                   group=doc.group, features=doc.features)  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - this document's result
             batch.failed[key] = exc
             continue

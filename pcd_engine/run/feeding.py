@@ -1,7 +1,7 @@
 """What a request feeds the model: the causal tokens it queues and feeds (ahead, in chunks that fit the memory
-budget, when a tree and its document would not fit one pass), the passes that read a wave's tree, and what each
-scoring pass leaves in the request (:class:`Feeding`, the part of :class:`~pcd_engine.run.request.Request` that
-talks to the backend's cache).
+budget, when a tree and its document would not fit one pass), the passes that read a wave's tree, the hidden states
+kept for decision heads (:meth:`Feeding.tap_wave`), and what each scoring pass leaves in the request
+(:class:`Feeding`, the part of :class:`~pcd_engine.run.request.Request` that talks to the backend's cache).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from pcd_engine.decide.compiler import CompiledWave
 from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.limits import Watch
+from pcd_engine.options import ExtractOptions
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.host import Host
+from pcd_engine.schema import FieldSpec
 
 __all__ = ["Feeding"]
 
@@ -35,6 +37,9 @@ class Feeding:
     budget: PassBudget
     nodes_scored: int
     documents_per_pass: list[int]
+    call: ExtractOptions
+    head_nodes: dict[str, int]
+    feature_fields: frozenset[str]
 
     @property
     def backend(self) -> Backend:
@@ -121,3 +126,27 @@ class Feeding:
                 self.feed_ahead(keep=1)
                 passes = ahead
         return passes
+
+    def tap_wave(self, wave: CompiledWave) -> None:
+        """Point the request's feature tap (if any) at the decision nodes of this wave's fields that have a head or
+        whose features are asked for: the first token where each field's labels differ, whose reading row's state
+        a head reads."""
+        tap, head = self.state.tap, self.call.head
+        if tap is None:
+            return
+        self.head_nodes = {
+            t.spec.name: t.paths[0].nodes[t.decision_depth]
+            for t in wave.fields
+            if t.spec.name in self.feature_fields or (head is not None and head.field(t.spec.name) is not None)
+        }
+        tap.nodes, tap.answers = frozenset(self.head_nodes.values()), {}
+
+    def field_features(self, spec: FieldSpec) -> np.ndarray | None:
+        """The features a head of ``spec`` reads, from this wave's passes: the last layer's state where the field's
+        decision was read, then the middle layer's mean over the document (``None`` when the field is not tapped,
+        or its decision was not read from the tree)."""
+        tap, node = self.state.tap, self.head_nodes.get(spec.name)
+        if tap is None or node is None or node not in tap.answers:
+            return None
+        answer = tap.answers[node]
+        return np.concatenate([answer, tap.document_mean(len(answer))])

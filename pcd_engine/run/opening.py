@@ -67,11 +67,13 @@ def admit(
         ContextError: If it does not fit the model's window.
         SchemaError: If an open field's JSON Schema cannot be constrained.
         PromptAlignmentError: If the document changed the tokenization of the prompt's tail.
-        OptionError: If the call's calibration was fitted on another schema or model.
+        OptionError: If the call's calibration or head was fitted on another schema or model.
     """
     backend = host.backend
     if call.calibration is not None:
         call.calibration.check(schema, host.model_id)
+    if call.head is not None:
+        call.head.check(schema, host.model_id)
     open_fields = [f for f in schema.fields if not f.scored]
     check_sizes(schema, open_fields, call)
     for spec in open_fields:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pcd_engine.backends.contract import RequestState
+from pcd_engine.backends.taps import FeatureTap, middle_layer
 from pcd_engine.calibrate.calibrator import FieldPrior
 from pcd_engine.calibrate.correction import Lean, full_distribution
 from pcd_engine.decide.compiler import CompiledWave, questions, written_value
@@ -117,6 +118,11 @@ class Request(Feeding):
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
         group: Whose documents these are: a batch correction estimates a lean only on documents of one group (one
             caller's call), never across callers.
+        head_nodes: Each tapped field's decision node in the current wave's tree (fields with a head in the call's
+            ``head``, and :attr:`feature_fields`).
+        feature_fields: The closed fields whose features the request keeps in :attr:`features` (what a head is
+            fitted on).
+        features: Per field of :attr:`feature_fields`, the features a head reads (:meth:`field_features`).
     """
 
     engine: Host
@@ -149,6 +155,9 @@ class Request(Feeding):
     lean: Lean = field(default_factory=Lean)
     batch_documents: int = 1
     group: object = None
+    head_nodes: dict[str, int] = field(default_factory=dict)
+    feature_fields: frozenset[str] = frozenset()
+    features: dict[str, np.ndarray] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------------------ steps
 
@@ -163,12 +172,13 @@ class Request(Feeding):
         cancelled: Callable[[], bool] | None = None,
         lean: Callable[[], Lean] | None = None,
         group: object = None,
+        features: frozenset[str] = frozenset(),
     ) -> Request:
         """Check the request, tokenize it, and start it on the schema's head (prefilled now if not cached).
 
         ``lean`` gives the lean the call opens with, called once the request passed its checks and its head is
-        prefilled (:func:`~pcd_engine.run.batch.open_lean`; ``None``: none), and ``group`` says whose document it
-        is (see :attr:`group`).
+        prefilled (:func:`~pcd_engine.run.batch.open_lean`; ``None``: none), ``group`` says whose document it
+        is (see :attr:`group`), and ``features`` names the fields whose features it keeps (:attr:`features`).
 
         Raises:
             LimitError: If the request needs more labels, tokens or memory than allowed.
@@ -194,7 +204,11 @@ class Request(Feeding):
             waves=plan_waves(schema, anchor=bool(call.anchor)),
             prefill_passes=prefill_passes,
             group=group,
+            feature_fields=features,
         )
+        if call.head is not None or features:  # what heads read, kept from the passes it runs anyway
+            span = (len(head.prompt.head_ids), len(ids) - len(head.tail0_ids))
+            request.state.tap = FeatureTap(middle_layer(engine.backend.hidden_layers), span)
         request.lean = lean() if lean is not None else Lean()
         request.correction_passes = request.lean.passes
         request.phases.update(tokenize=admitted.tokenize_ms, prefill=prefill_ms, correction=request.lean.ms)
@@ -227,6 +241,7 @@ class Request(Feeding):
             readings = plan_reading(cw, strategies, staging=staging, cost=self.pass_cost(cw))
             search = WaveSearch(readings, cost=self.engine.known_pass_cost)
             self.extend(cw.tail_ids, cw.causal_len, where=f"Wave {index}", need_new=True)
+            self.tap_wave(cw)
             passes = self.tree_passes(cw, search.first())
         return WavePlan(index, asked, cw, passes, search, self.nodes_scored)
 
@@ -302,6 +317,11 @@ class Request(Feeding):
             prior = leans.get(spec.name) if leans is not None else self.lean.field(spec.name)
             if prior is not None and not self.correctable(spec, decided.get(spec.name, ())):
                 prior = None  # a staged or walked reading, or a field the correction leaves as read
+            features = self.field_features(spec) if spec.kind != "multi" else None
+            field_head = self.call.head.field(spec.name) if self.call.head is not None else None
+            head = field_head.probabilities(features) if field_head is not None and features is not None else None
+            if features is not None and spec.name in self.feature_fields:
+                self.features[spec.name] = features
             if spec.kind == "multi":
                 self.results[spec.name] = multi_result(
                     spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
@@ -312,7 +332,7 @@ class Request(Feeding):
                 decision = decided[spec.name][0] if spec.name in decided else fixed
                 self.results[spec.name] = scored_result(
                     spec, decision, index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how,
+                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how, head=head,
                 )  # fmt: skip
         # Later waves read the anchor and the answers they depend on; writing every answer would only add prompt
         # tokens to process (a 28-field schema writes ~9 tokens per field).

@@ -21,7 +21,7 @@ from typing import Any
 
 from pcd_engine.errors import InputError, PCDError, pip_install, require
 
-__all__ = ["FORMATS", "CorpusDocument", "check_unique", "json_lines", "read_corpus"]
+__all__ = ["FORMATS", "CorpusDocument", "check_unique", "json_lines", "read_corpus", "read_records"]
 
 FORMATS = ("jsonl", "csv", "parquet", "folder")
 """The input layouts :func:`read_corpus` reads."""
@@ -217,3 +217,32 @@ def read_corpus(
     if not docs:
         raise InputError(f"Input {str(path)!r}: expected at least one document, but found none.")
     return docs
+
+
+def read_records(path: str | os.PathLike[str], *, what: str = "Input") -> list[tuple[str, dict[str, Any]]]:
+    """Every row of a ``.jsonl``, ``.csv`` or ``.parquet`` table with all its columns, each with where it came from
+    (``file:LINE`` or ``file row N``): what ``pcd fit`` reads labelled examples from.
+
+    Raises:
+        InputError: If the path is missing, a folder or of an unknown kind, or cannot be read or parsed; naming
+            ``what``.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what} {str(path)!r}: expected a .jsonl, .csv or .parquet file, but there is none.")
+    kind = _format_of(path)
+    try:
+        if kind == "jsonl":
+            return list(json_lines(path, what=what))
+        if kind == "csv":
+            return list(_csv_rows(path))
+        (pq,) = require("pyarrow.parquet", what="reading Parquet input", install=pip_install("tag"))
+        try:
+            table = pq.read_table(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
+            raise InputError(f"{what} {str(path)!r}: expected a Parquet file, but reading it failed ({exc}).") from None
+        return [(f"{path} row {i}", row) for i, row in enumerate(table.to_pylist())]
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {str(path)!r}: expected UTF-8 text, but {exc.reason} at byte {exc.start}.") from None
+    except csv.Error as exc:
+        raise InputError(f"{what} {str(path)!r}: expected CSV, but reading failed ({exc}).") from None

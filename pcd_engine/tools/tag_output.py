@@ -50,8 +50,9 @@ def job_identity(
         columns: The input columns read (``{"text": ..., "id": ...}``).
     """
     set_fields = (options or ExtractOptions()).set_fields()
-    if "calibration" in set_fields:  # a calibration is part of the job as the JSON it is saved as
-        set_fields["calibration"] = set_fields["calibration"].to_json()
+    for fitted in ("calibration", "head"):  # a calibration or a head is part of the job as the JSON it is saved as
+        if fitted in set_fields:
+            set_fields[fitted] = set_fields[fitted].to_json()
     return {
         "schema": {"title": schema.title, "fingerprint": schema.fingerprint, "json": schema.json_schema()},
         "model": model,

@@ -97,6 +97,10 @@ class ChatPCD(BaseChatModel):
     """A calibration for every structured call: a :class:`~pcd_engine.calibrate.calibrator.Calibrator`, its JSON data or
     the path of the file ``pcd calibrate`` wrote (kept as its JSON, so the model serializes). Each closed field's
     label prior is corrected; a schema or model other than the one it was fitted on is refused."""
+    head: dict[str, Any] | None = None
+    """Decision heads for every structured call: a :class:`~pcd_engine.Head`, its JSON data or the path of the file
+    ``pcd fit`` wrote (kept as its JSON). Each field it has a head for is decided by it, from the same passes; a
+    schema or model other than the one it was fitted on is refused."""
     options: dict[str, Any] | None = None
     """Extraction options for every structured call (:class:`~pcd_engine.ExtractOptions` names: ``anchor``,
     ``temperature``, ``strategy``, ``instructions``, ...); ``with_structured_output(..., **options)`` overrides
@@ -165,11 +169,11 @@ class ChatPCD(BaseChatModel):
         return data
 
     def _setting_values(self) -> dict[str, Any]:
-        """``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens``, as
+        """``temperature``, ``timeout``, ``calibration``, ``head`` and an explicitly set ``max_tokens``, as
         :func:`~pcd_engine.options.surface_options` takes them."""
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
         return {"temperature": self.temperature, "timeout": self.timeout, "max_tokens": max_tokens,
-                "calibration": self.calibration}  # fmt: skip
+                "calibration": self.calibration, "head": self.head}  # fmt: skip
 
     def _setting_options(self) -> ExtractOptions:
         """The model's settings alone as extraction options (the ``options`` of the model and call win over them)."""

@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from pcd_engine import Engine, ExtractionResult, ExtractOptions, OptionError
 from pcd_engine.options import surface_options
-from pcd_integrations._shared import calibration_json, shared_engine
+from pcd_integrations._shared import fitted_json, shared_engine
 from pcd_integrations.llamaindex.program import pcd_llm
 
 __all__ = ["PROBABILITY_PREFIX", "PCDMetadataExtractor"]
@@ -50,6 +50,11 @@ class PCDMetadataExtractor(BaseExtractor):
         description="A calibration (a Calibrator, its JSON or the path of a pcd calibrate file; kept as JSON): "
         "each closed field's label prior is corrected; it wins over the llm's.",
     )
+    head: dict[str, Any] | None = Field(
+        default=None,
+        description="Decision heads (a Head, its JSON or the path of a pcd fit file; kept as JSON): each field with a "
+        "head is decided by it; it wins over the llm's.",
+    )
     model: str | None = Field(default=None, description="Alias, folder or repo id; None for the embedded model.")
     backend: str = Field(default="auto", description="'auto', 'torch' or 'mlx'.")
     _engine: Engine | None = PrivateAttr(default=None)
@@ -58,8 +63,9 @@ class PCDMetadataExtractor(BaseExtractor):
     def __init__(
         self, output_cls: type[BaseModel], *, engine: Engine | None = None, llm: Any = None, **kwargs: Any
     ) -> None:
-        if "calibration" in kwargs:
-            kwargs["calibration"] = calibration_json(kwargs["calibration"], owner="PCDMetadataExtractor")
+        for kind in ("calibration", "head"):
+            if kind in kwargs:
+                kwargs[kind] = fitted_json(kwargs[kind], owner="PCDMetadataExtractor", kind=kind)
         super().__init__(output_cls=output_cls, **kwargs)  # type: ignore[call-arg]  # a pydantic field
         if llm is not None and (engine is not None or self.model is not None):
             raise OptionError("PCDMetadataExtractor: expected one of engine, llm or model, but got several.")
@@ -67,7 +73,8 @@ class PCDMetadataExtractor(BaseExtractor):
         self._engine = engine or (source.get_engine() if source is not None else None)
         base = source.extract_options if source is not None else None
         self._base_options = surface_options(
-            ("PCDMetadataExtractor calibration", {"calibration": self.calibration}), ("llm", base)
+            ("PCDMetadataExtractor calibration and head", {"calibration": self.calibration, "head": self.head}),
+            ("llm", base),
         )
         self._call_options()  # a bad option fails here, as an OptionError
 
@@ -76,7 +83,7 @@ class PCDMetadataExtractor(BaseExtractor):
         return "PCDMetadataExtractor"
 
     def _call_options(self) -> ExtractOptions:
-        """The extractor's ``options`` over its calibration over its LLM's options."""
+        """The extractor's ``options`` over its calibration and head over its LLM's options."""
         return surface_options(("PCDMetadataExtractor options", self.options), ("base", self._base_options))
 
     def _get_engine(self) -> Engine:

@@ -113,6 +113,11 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         description="A calibration (a Calibrator, its JSON or the path of a pcd calibrate file; kept as JSON) for "
         "structured predictions: each closed field's label prior is corrected.",
     )
+    head: dict[str, Any] | None = Field(
+        default=None,
+        description="Decision heads (a Head, its JSON or the path of a pcd fit file; kept as JSON) for structured "
+        "predictions: each field with a head is decided by it, from the same passes.",
+    )
     _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, *, engine: Engine | None = None, **kwargs: Any) -> None:
@@ -122,12 +127,12 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
 
     @property
     def extract_options(self) -> ExtractOptions:
-        """``options`` over ``temperature``, ``timeout``, ``calibration`` and an explicitly set ``max_tokens``, as
-        an :class:`~pcd_engine.ExtractOptions`."""
+        """``options`` over ``temperature``, ``timeout``, ``calibration``, ``head`` and an explicitly set
+        ``max_tokens``, as an :class:`~pcd_engine.ExtractOptions`."""
         max_tokens = self.max_tokens if "max_tokens" in self.model_fields_set else None
         return surface_options(
             ("PCDLLM options", self.options), temperature=self.temperature, timeout=self.timeout,
-            max_tokens=max_tokens, calibration=self.calibration,
+            max_tokens=max_tokens, calibration=self.calibration, head=self.head,
         )  # fmt: skip
 
     @classmethod

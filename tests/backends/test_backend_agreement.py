@@ -98,3 +98,23 @@ def test_smollm2_agrees_on_the_example_presets(mlx_engine, smol_alone, record_pr
     record_property("identical_fields", f"{same}/{total}")
     assert total == sum(len(example_preset(name).schema.fields) for name in MLX_PRESETS)
     assert same >= 0.99 * total, f"only {same}/{total} fields agree"
+
+
+@pytest.mark.parametrize("scorer", ["auto", "rows"])
+def test_features_agree(twins, scorer):
+    """A decision head reads the same hidden states on both backends (the document's middle-layer mean and each
+    field's answer state), on the packed scorer and on the rows fallback, with the document fed in chunks."""
+    from pcd_engine.backends.mlx import MLXBackend
+
+    torch_backend = TorchBackend(twins[0].model, twins[0].tokenizer, scorer=scorer)
+    mlx_backend = MLXBackend(twins[1].model, twins[1].tokenizer, scorer=scorer)
+    assert torch_backend.hidden_layers == mlx_backend.hidden_layers
+    ours = packed_logprobs(torch_backend, SHARED_PREFIXES, tap=True, chunk=7)["state"].tap
+    theirs = packed_logprobs(mlx_backend, SHARED_PREFIXES, tap=True, chunk=7)["state"].tap
+    width = len(next(iter(ours.answers.values())))
+    mean = ours.document_mean(width)
+    assert theirs.count == ours.count > 0
+    np.testing.assert_allclose(theirs.document_mean(width), mean, atol=1e-4 * np.abs(mean).max())
+    assert set(theirs.answers) == set(ours.answers) == set(ours.nodes)
+    for node, vector in ours.answers.items():
+        np.testing.assert_allclose(theirs.answers[node], vector, atol=1e-4 * np.abs(vector).max())

@@ -15,7 +15,16 @@ import pytest
 from pcd_engine.backends.torch import TorchBackend
 from pcd_engine.errors import OptionError
 from tests.conformance import SHARED_PREFIXES, BackendConformance, ProbeOnly, RowsConformance
-from tests.support import ARCHS, HYBRID_ARCHS, MORE_ARCHS, save_tiny, tiny_model, torch_brute_force, torch_cache_tensors
+from tests.support import (
+    ARCHS,
+    HYBRID_ARCHS,
+    MORE_ARCHS,
+    save_tiny,
+    tiny_model,
+    torch_brute_force,
+    torch_cache_tensors,
+    torch_hidden_states,
+)
 
 
 @pytest.fixture(scope="module", params=ARCHS)
@@ -31,6 +40,9 @@ class TestTorchConformance(BackendConformance):
     @pytest.fixture
     def rows_backend(self, torch_backend):
         return TorchBackend(torch_backend.model, torch_backend.tokenizer, scorer="rows")
+
+    def hidden_reference(self, backend, ids, layer):
+        return torch_hidden_states(backend.model, ids, layer)
 
     def brute_force(self, backend, context, paths):
         return torch_brute_force(backend.model, context, paths)
@@ -65,6 +77,9 @@ class TestTorchHybridConformance(RowsConformance):
     def rows_backend(self, hybrid_backend):
         assert hybrid_backend.scorer == "rows"  # picked by scorer="auto"
         return hybrid_backend
+
+    def hidden_reference(self, backend, ids, layer):
+        return torch_hidden_states(backend.model, ids, layer)
 
     def brute_force(self, backend, context, paths):
         return torch_brute_force(backend.model, context, paths)

@@ -710,3 +710,24 @@ def test_a_calibration_reaches_every_structured_call(tiny_engine, tmp_path):
     other = ChatPCD(engine=tiny_engine, calibration={**cal.to_json(), "model": "another/model"})
     with pytest.raises(ValueError, match="expected the model it was fitted with"):
         other.with_structured_output(Ticket).invoke(TICKET)
+
+
+def test_a_head_reaches_every_structured_call(tiny_engine, tmp_path):
+    from tests.support import forcing_head
+
+    own = tiny_engine.extract(TICKET, Ticket, correction="none").values["topic"]
+    forced = next(v for v in ("billing", "shipping", "account") if v != own)
+    head = forcing_head(tiny_engine, Ticket, "topic", forced)
+    expected = tiny_engine.extract(TICKET, Ticket, head=head)
+    assert expected.values["topic"] == forced and expected.fields["topic"].method == "head"
+    path = head.save(tmp_path / "topic.head.json")
+    for given in (head, head.to_json(), str(path), path):
+        llm = ChatPCD(engine=tiny_engine, head=given)
+        assert llm.head == head.to_json()  # kept as JSON: the model still serializes
+        assert llm.with_structured_output(Ticket).invoke(TICKET) == expected.model
+        assert llm.with_structured_output(Ticket).batch([TICKET, TICKET]) == [expected.model] * 2
+    with pytest.raises(ValueError, match="head: expected a Head, its JSON or the path"):
+        ChatPCD(engine=tiny_engine, head=3)
+    other = ChatPCD(engine=tiny_engine, head={**head.to_json(), "model": "another/model"})
+    with pytest.raises(ValueError, match="expected the model it was fitted with"):
+        other.with_structured_output(Ticket).invoke(TICKET)

@@ -328,3 +328,21 @@ def test_a_calibration_reaches_the_llm_and_the_extractor(tiny_engine, tmp_path):
     ):
         (tags,) = extractor.extract_batches([TextNode(text=SPORT_TEXT)])
         assert tags == {k: getattr(v, "value", v) for k, v in expected.items()}
+
+
+def test_a_head_reaches_the_llm_and_the_extractor(tiny_engine, tmp_path):
+    from tests.support import forcing_head
+
+    own = tiny_engine.extract(SPORT_TEXT, Tags, correction="none").values["tone"]
+    forced = next(v for v in ("positive", "neutral", "negative") if v != own)
+    head = forcing_head(tiny_engine, Tags, "tone", forced)
+    path = head.save(tmp_path / "tone.head.json")
+    expected = tiny_engine.extract(SPORT_TEXT, Tags, head=head).values
+    assert expected["tone"] == forced
+    llm = PCDLLM(engine=tiny_engine, head=str(path))
+    assert llm.extract_options.head == head
+    program = llm.as_structured_llm(Tags)
+    assert program.complete(SPORT_TEXT).raw.tone == forced
+    for extractor in (PCDMetadataExtractor(Tags, llm=llm), PCDMetadataExtractor(Tags, engine=tiny_engine, head=head)):
+        (tags,) = extractor.extract_batches([TextNode(text=SPORT_TEXT)])
+        assert tags == {k: getattr(v, "value", v) for k, v in expected.items()}

@@ -748,3 +748,73 @@ def test_the_demo_prints_one_table_and_its_screenshot_is_saved(capsys, default_e
     ARTIFACTS.mkdir(exist_ok=True)
     recording.save_svg(str(ARTIFACTS / "demo-table.svg"), title="python -m pcd_engine")
     assert (ARTIFACTS / "demo-table.svg").read_text().startswith("<svg")
+
+
+# ------------------------------------------------------------------------------------------------ fit
+
+
+FEELINGS = {
+    "POSITIVE": "Thanks and all is great.",
+    "NEUTRAL": "The parcel came on Monday.",
+    "NEGATIVE": "I am furious!",
+}
+
+
+def test_fit_writes_a_gated_head_that_run_decides_with(capsys, tiny, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(TICKET_SCHEMA))
+    rows = [f"Note {i}. {FEELINGS[label]},{label}," for i in range(6) for label in FEELINGS]
+    table = tmp_path / "examples.csv"
+    table.write_text("text,sentiment,wants_refund\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    head_file = tmp_path / "head.json"
+    code, out, err = run(
+        capsys, "fit", tiny, "--schema", str(schema), "--input", str(table), "-o", str(head_file), "-q"
+    )
+    assert code == 0, err
+    (row,) = table_rows(out, "field")
+    assert row[0] == "sentiment" and row[1] == "18" and row[-1] in ("yes", "no")
+    context = tmp_path / "c.txt"
+    context.write_text("Note 99. I am furious!")
+    argv = ["run", tiny, "--schema", str(schema), "--context", str(context), "--head", str(head_file), "--json", "-q"]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert json.loads(out)["fields"]["sentiment"]["method"] == "head"
+
+
+def test_fit_reads_a_corrected_tag_table_by_id(capsys, tiny, tmp_path):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(TICKET_SCHEMA))
+    docs = [{"doc": f"d{i}-{label}", "text": f"Note {i}. {text}"} for i in range(4) for label, text in FEELINGS.items()]
+    (tmp_path / "docs.jsonl").write_text("\n".join(json.dumps(d) for d in docs) + "\n", encoding="utf-8")
+    labels = [{"id": d["doc"], "sentiment": label, "wants_refund": None} for d, label in
+              zip(docs, [label for _ in range(4) for label in FEELINGS], strict=True)]  # fmt: skip
+    (tmp_path / "labels.jsonl").write_text("\n".join(json.dumps(r) for r in labels) + "\n", encoding="utf-8")
+    argv = ["fit", tiny, "--schema", str(schema), "--input", str(tmp_path / "docs.jsonl"), "--id-column", "doc",
+            "--labels", str(tmp_path / "labels.jsonl"), "-o", str(tmp_path / "h.json"), "-q"]  # fmt: skip
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert table_rows(out, "field")[0][:2] == ["sentiment", "12"]
+
+
+@pytest.mark.parametrize(
+    ("table", "extra", "needle"),
+    [
+        (
+            "text,sentiment\na,POSITIVE\nb,ANGRY\n",
+            [],
+            "expected one of ['POSITIVE', 'NEUTRAL', 'NEGATIVE'], but got 'ANGRY'",
+        ),
+        ("body,sentiment\na,POSITIVE\n", [], "expected a text column 'text'"),
+        ("text,sentiment\na,POSITIVE\nb,POSITIVE\n", [], "at least two of its labels"),
+        ("text,other\na,x\n", [], "expected documents labelled in a column of ['sentiment', 'wants_refund']"),
+        ("text,sentiment\na,POSITIVE\n", ["--head", "h.json"], "expected no --head"),
+    ],
+)
+def test_fit_refuses_bad_examples_in_one_line(capsys, tiny, tmp_path, table, extra, needle):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(TICKET_SCHEMA))
+    (tmp_path / "t.csv").write_text(table, encoding="utf-8")
+    argv = ["fit", tiny, "--schema", str(schema), "--input", str(tmp_path / "t.csv"), "-o", str(tmp_path / "o.json")]
+    code, out, err = run(capsys, *argv, *extra, "-q")
+    assert code == 1 and needle in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o.json").exists()

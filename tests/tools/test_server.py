@@ -59,6 +59,26 @@ def sse_events(body: str) -> list[tuple[str, dict]]:
 # ------------------------------------------------------------------------------------------------ JSON API
 
 
+def test_extract_takes_a_head_as_json_and_never_a_path(client, default_engine, tmp_path):
+    from tests.support import forcing_head
+
+    own = default_engine.extract(TEXT, TICKET, correction="none").values["sentiment"]
+    forced = next(v for v in ("POSITIVE", "NEUTRAL", "NEGATIVE") if v != own)
+    head = forcing_head(default_engine, TICKET, "sentiment", forced)
+    response = client.post(
+        "/api/extract", json={"schema": TICKET, "context": TEXT, "options": {"head": head.to_json()}}
+    )
+    assert response.status_code == 200, response.text
+    field = response.json()["fields"]["sentiment"]
+    assert response.json()["values"]["sentiment"] == forced and field["method"] == "head"
+    path = str(head.save(tmp_path / "h.json"))
+    response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": {"head": path}})
+    assert response.status_code == 400 and "expected a head's JSON data" in response.text
+    other = {"head": {**head.to_json(), "model": "another/model"}}
+    response = client.post("/api/extract", json={"schema": TICKET, "context": TEXT, "options": other})
+    assert response.status_code == 400 and "expected the model it was fitted with" in response.text
+
+
 def test_extract_takes_a_calibration_and_min_probability(client, default_engine):
     from pcd_engine import compile_schema
     from pcd_engine.calibrate.calibrator import Calibrator

@@ -448,3 +448,27 @@ def test_a_killed_pcd_tag_rerun_finishes_with_every_id_once(tiny, engine, tmp_pa
     rows = pq.read_table(out).to_pylist()
     expected = {str(i): engine.extract(t, SCHEMA, **OPTIONS) for i, t in enumerate(docs)}
     assert_rows_match(rows, expected)
+
+
+def test_pcd_tag_decides_with_a_head_and_a_new_head_is_a_new_job(capsys, tiny, engine, tmp_path):
+    from tests.support import forcing_head
+
+    docs = texts(4)
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in docs])
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA), encoding="utf-8")
+    forced = "politics"
+    head = forcing_head(engine, SCHEMA, "topic", forced)
+    head_file = head.save(tmp_path / "topic.head.json")
+    out = tmp_path / "t.parquet"
+    argv = ["tag", tiny, "-q", "--schema", str(tmp_path / "s.json"), "--input", str(source), "--output", str(out)]
+    code, _, err = run_cli(capsys, *argv, "--max-tokens", "4", "--head", str(head_file))
+    assert code == 0, err
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(out).to_pylist()
+    assert [r["topic"] for r in rows] == [forced] * 4
+    expected = [engine.extract(t, SCHEMA, head=head, max_tokens=4) for t in docs]
+    assert [r["urgent"] for r in rows] == [e.values["urgent"] for e in expected]
+    other = forcing_head(engine, SCHEMA, "topic", "sport").save(tmp_path / "other.head.json")
+    code, _, err = run_cli(capsys, *argv, "--max-tokens", "4", "--head", str(other))
+    assert code == 1 and "options" in err

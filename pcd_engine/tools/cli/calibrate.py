@@ -7,9 +7,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.calibrate.calibrator import CALIBRATION_METHODS
-from pcd_engine.errors import OptionError
 from pcd_engine.tools.cli import common
-from pcd_engine.tools.terminal import progress, read_json, read_preset, show_table
+from pcd_engine.tools.terminal import progress, show_table
 
 if TYPE_CHECKING:
     pass
@@ -35,13 +34,9 @@ def add(sub: Any) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from pcd_engine.calibrate.calibrator import FIT_CHUNK, Calibrator
-    from pcd_engine.schema import compile_schema
     from pcd_engine.tools.corpus import read_corpus
 
-    if bool(args.preset) == bool(args.schema):
-        got = "both" if args.preset else "neither"
-        raise OptionError(f"Schema: expected exactly one of --schema S.json and --preset PRESET, but got {got}.")
-    schema = compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
+    schema = common.read_schema(args)
     docs = read_corpus(args.input, text_column=args.text_column, limit=args.limit)
     options = common.extract_options(args)
     engine = common.load_engine(args)

@@ -7,6 +7,7 @@ import platform
 import sys
 from typing import TYPE_CHECKING, Any
 
+from pcd_engine.errors import OptionError
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import CORRECTIONS, STRATEGIES, STRATEGY_ALIASES, ExtractOptions, surface_options
 
@@ -14,13 +15,14 @@ if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
 
-__all__ = ["describe", "extract_options", "load_engine", "with_decoding", "with_model"]
+__all__ = ["describe", "extract_options", "load_engine", "read_schema", "with_decoding", "with_model"]
 
 
 def extract_options(args: argparse.Namespace) -> ExtractOptions:
     """The decoding flags of ``run``, ``eval``, ``calibrate`` and ``tag`` as one :class:`ExtractOptions` (unset
-    flags keep defaults; ``--calibration`` is read from its file)."""
+    flags keep defaults; ``--calibration`` and ``--head`` are read from their files)."""
     from pcd_engine.calibrate.calibrator import Calibrator
+    from pcd_engine.calibrate.heads import Head
 
     flags = {
         "strategy": args.strategy,
@@ -34,7 +36,23 @@ def extract_options(args: argparse.Namespace) -> ExtractOptions:
         "correction": args.correction,
     }
     calibration = Calibrator.load(args.calibration) if args.calibration else None
-    return surface_options(("pcd flags", flags), max_tokens=args.max_tokens, calibration=calibration)
+    head = Head.load(args.head) if getattr(args, "head", None) else None
+    return surface_options(("pcd flags", flags), max_tokens=args.max_tokens, calibration=calibration, head=head)
+
+
+def read_schema(args: argparse.Namespace) -> Any:
+    """The compiled schema of a command that takes exactly one of ``--schema S.json`` and ``--preset PRESET``.
+
+    Raises:
+        OptionError: If it got both or neither.
+    """
+    from pcd_engine.schema import compile_schema
+    from pcd_engine.tools.terminal import read_json, read_preset
+
+    if bool(args.preset) == bool(args.schema):
+        got = "both" if args.preset else "neither"
+        raise OptionError(f"Schema: expected exactly one of --schema S.json and --preset PRESET, but got {got}.")
+    return compile_schema(read_preset(args.preset)[1].schema if args.preset else read_json(args.schema, "Schema"))
 
 
 def load_engine(args: argparse.Namespace) -> Any:
@@ -92,6 +110,9 @@ def with_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quoted-booleans", action="store_true", help='write booleans as "true" / "false"')
     p.add_argument(
         "--calibration", metavar="CAL.json", default=None, help="correct label priors with a pcd calibrate file"
+    )
+    p.add_argument(
+        "--head", metavar="HEAD.json", default=None, help="decide the fields it has heads for with a pcd fit file"
     )
     p.add_argument(
         "--min-probability",

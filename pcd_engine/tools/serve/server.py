@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -111,11 +111,15 @@ class Server:
         return data
 
     def client_options(self, raw: Any, *, where: str = "options") -> ExtractOptions:
-        """A client's options; the server's own limits and memory budget are not the client's to change.
+        """A client's options; the server's own limits and memory budget are not the client's to change, and a
+        ``head`` comes as its JSON data (a request never names a file for the server to read).
 
         Raises:
             HTTPError: 400 for an unknown or bad option, or one that only the server sets.
         """
+        if isinstance(raw, Mapping) and raw.get("head") is not None and not isinstance(raw["head"], Mapping):
+            message = f"{where}.head: expected a head's JSON data (what pcd fit writes), but got {raw['head']!r}."
+            raise HTTPError(400, "invalid_request", message, param=where)
         try:
             options = surface_options((where, raw))
         except OptionError as exc:

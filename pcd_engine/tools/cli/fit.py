@@ -1,0 +1,122 @@
+"""``pcd fit``: fit decision heads on labelled documents, gate them against the model's own decisions, and save them.
+
+The labelled documents come from a table: a ``.jsonl``, ``.csv`` or ``.parquet`` file with a text column and one
+column per field (named as the field), or, with ``--labels``, the documents of ``--input`` (any ``pcd tag`` input)
+joined by id with a table of labels, such as a ``pcd tag`` output a person corrected. An empty cell leaves that
+field unlabelled for that document.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pcd_engine.errors import InputError, OptionError
+from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.tools.cli import common
+from pcd_engine.tools.terminal import progress, show_table
+
+__all__ = ["add", "cmd_fit", "labelled_examples"]
+
+
+def add(sub: Any) -> None:
+    p = sub.add_parser("fit", help="fit decision heads on labelled documents (--input), gated against the model")
+    common.with_model(p)
+    p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict")
+    p.add_argument("--preset", metavar="PRESET", help="example preset name or preset .json file (instead of --schema)")
+    p.add_argument("--input", required=True, help="labelled documents (.jsonl, .csv, .parquet), or with --labels any "
+                   "pcd tag input")  # fmt: skip
+    p.add_argument(
+        "--labels", default=None, metavar="TABLE", help="a table of labels by id (a corrected pcd tag output)"
+    )
+    p.add_argument("--text-column", default="text", help="the column holding the text (default: text)")
+    p.add_argument("--id-column", default=None, help="with --labels: the input's id column (default: row number)")
+    p.add_argument("--field", action="append", default=None, help="fit this field only (repeatable; default: every "
+                   "single-choice field with a column)")  # fmt: skip
+    p.add_argument("--limit", type=int, default=None, help="read only the first N labelled documents")
+    p.add_argument("--require-better", action="store_true", help="fail unless every head beats the model's own answer")
+    p.add_argument("-o", "--output", required=True, metavar="HEAD.json", help="where to write the head")
+    common.with_decoding(p)
+    p.set_defaults(func=cmd_fit)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    from pcd_engine.calibrate.heads import FIT_CHUNK, Head
+
+    if args.head:
+        raise OptionError("pcd fit: expected no --head: it fits a new one.")
+    output = Path(args.output)
+    if output.is_dir() or not output.parent.is_dir():
+        raise InputError(f"Output {args.output!r}: expected a file path in an existing folder.")
+    schema = common.read_schema(args)
+    examples = labelled_examples(args, schema)
+    options = common.extract_options(args)
+    engine = common.load_engine(args)
+    with progress(-(-len(examples) // FIT_CHUNK), quiet=args.quiet, unit="chunk") as tick:
+        head = Head.fit(engine, schema, examples, fields=args.field, options=options, progress=tick,
+                        require_better=args.require_better)  # fmt: skip
+    path = head.save(output)
+    print(f"head of {schema.title!r} for {engine.model_id} ({len(examples)} labelled documents): {path}")
+    show_table(
+        ("field", "held out", "head accuracy", "model's accuracy", "gain (95% interval)", "head macro-F1 / ECE",
+         "better"),
+        [(g.field, str(g.held_out), f"{g.head.accuracy:.1%}", f"{g.zero_shot.accuracy:.1%}",
+          f"{g.gain:+.1f} ({g.interval[0]:+.1f} to {g.interval[1]:+.1f})",
+          f"{g.head.macro_f1:.2f} / {g.head.ece:.2f}", "yes" if g.better else "no") for g in head.gates],
+    )  # fmt: skip
+    return 0
+
+
+def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[str, dict[str, Any]]]:
+    """The ``(text, {field: value})`` examples ``pcd fit`` reads (see the module docstring), each cell read as the
+    field's label (a CSV's ``true`` as a boolean's ``True``, ``3`` as an integer label).
+
+    Raises:
+        InputError: If a file cannot be read, a column is missing, or no document is labelled.
+    """
+    from pcd_engine.tools.corpus import read_corpus, read_records
+
+    headed = {s.name: s for s in schema.fields if s.kind in ("enum", "boolean") and len(s.labels) > 1}
+    rows: list[tuple[str, Any, Mapping[str, Any]]] = []  # (where, text, row)
+    if args.labels is None:
+        for where, record in read_records(args.input):
+            row: Mapping[str, Any] = record
+            if args.text_column not in row:
+                raise InputError(f"Input {where}: expected a text column {args.text_column!r}, but got {sorted(row)}.")
+            rows.append((where, row[args.text_column], row))
+    else:
+        docs = {d.id: d for d in read_corpus(args.input, text_column=args.text_column, id_column=args.id_column)}
+        for where, row in read_records(args.labels, what="Labels"):
+            key = row.get("id")
+            key = key if isinstance(key, str) or key is None else json.dumps(key)
+            if key not in docs:
+                raise InputError(f"Labels {where}: expected the id of a document of --input, but got {key!r}.")
+            rows.append((where, docs[key].text, row))
+    fields = args.field or [name for name in headed if any(name in row for _, _, row in rows)]
+    examples = []
+    for where, text, row in rows:
+        labels = {n: _label(headed[n], row[n]) for n in fields if n in headed and row.get(n) not in (None, "")}
+        if labels and isinstance(text, str) and text.strip():
+            examples.append((text, labels))
+        elif labels:
+            raise InputError(f"Input {where}: expected a text, but got {text!r}.")
+    if not examples:
+        raise InputError(f"Input {args.input!r}: expected documents labelled in a column of {list(headed)}, but "
+                         "found none.")  # fmt: skip
+    return examples[: args.limit] if args.limit else examples
+
+
+def _label(spec: FieldSpec, cell: Any) -> Any:
+    """A table cell as one of ``spec``'s labels where it spells one (``"true"``, ``"3"``); else the cell, which the
+    fit then refuses by name."""
+    values: Sequence[Any] = [label.value for label in spec.labels]
+    if any(cell == v and type(cell) is type(v) for v in values) or not isinstance(cell, str):
+        return cell
+    spelled = cell.strip()
+    for v in values:
+        if spelled == str(v) or spelled == json.dumps(v) or (isinstance(v, bool) and spelled.lower() == str(v).lower()):
+            return v
+    return cell
