@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import labelled_arguments  # noqa: E402
 from pcd_engine import Calibrator, Engine, Head  # noqa: E402
+from pcd_engine.calibrate.field_heads import fit_field_head  # noqa: E402
 from pcd_engine.calibrate.gates import scores  # noqa: E402
-from pcd_engine.calibrate.heads import FEATURE_RECIPES, fit_field_head  # noqa: E402
+from pcd_engine.calibrate.heads import FEATURE_RECIPES  # noqa: E402
 from pcd_engine.tools.datasets import load_dataset  # noqa: E402
 from pcd_engine.tools.eval import eval_schema  # noqa: E402
 

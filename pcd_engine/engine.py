@@ -34,6 +34,7 @@ import numpy as np
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
 from pcd_engine.calibrate.correction import CORRECTION_WINDOW
+from pcd_engine.calibrate.heads import HEADED_KINDS
 from pcd_engine.decide.staging import PassCost, measure_pass_cost
 from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.generate.open_rows import Grammars
@@ -371,22 +372,22 @@ class Engine:
         batch_size: int | None = None,
     ) -> list[tuple[dict[str, FieldResult], dict[str, np.ndarray]]]:
         """:meth:`read_closed`, keeping the features a decision head reads (:mod:`pcd_engine.calibrate.heads`) from
-        the same passes: per document, its closed fields' results and, per single-label closed field, the last
-        layer's state where the field's decision is read followed by the middle layer's mean over the document.
-        What :meth:`~pcd_engine.calibrate.heads.Head.fit` reads. ``texts``, ``schema``, ``options`` and
-        ``batch_size`` as for :meth:`read_closed`; ``fields``: the fields to keep features of (``None``: every
-        closed field with one label of two or more).
+        the same passes: per document, its closed fields' results and, per closed field, the last layer's state
+        where the field's decision is read followed by the middle layer's mean over the document (a multi-label
+        field: one such row per label, where its flag is decided). What :meth:`~pcd_engine.calibrate.heads.Head.fit`
+        reads. ``texts``, ``schema``, ``options`` and ``batch_size`` as for :meth:`read_closed`; ``fields``: the
+        fields to keep features of (``None``: every closed field with two labels or more).
 
         Raises:
-            OptionError: If ``fields`` names a field that is not a single-label closed field of the schema.
+            OptionError: If ``fields`` names a field that is not such a closed field of the schema.
             PCDError: As :meth:`read_closed`.
         """
         compiled = compile_schema(schema)
-        headed = [s.name for s in compiled.fields if s.kind in ("enum", "boolean") and len(s.labels) > 1]
+        headed = [s.name for s in compiled.fields if s.kind in HEADED_KINDS and len(s.labels) > 1]
         names = headed if fields is None else list(fields)
         for name in names:
             if name not in headed:
-                raise OptionError(f"Features: expected a single-label closed field of {headed}, but got {name!r}.")
+                raise OptionError(f"Features: expected a closed field of {headed}, but got {name!r}.")
         return self._read(texts, compiled, self.resolve(options), batch_size, frozenset(names))
 
     def _read(

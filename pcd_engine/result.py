@@ -349,12 +349,16 @@ def multi_result(
     low_mass_warning: float,
     prior: FieldPrior | None = None,
     correction: str | None = None,
+    head: Sequence[float] | None = None,
 ) -> FieldResult:
     """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
     or kept, and the list is in label order. With a ``prior``, each label's "yes" is calibrated first
-    (``correction`` names where the prior came from)."""
+    (``correction`` names where the prior came from); with a ``head`` (a decision head's probability that each
+    label applies), the head's decide (method and correction ``"head"``)."""
     raw = [d.probabilities[0] for d in decisions]
     yes = raw if prior is None else [prior.correct_yes(i, p) for i, p in enumerate(raw)]
+    if head is not None:
+        yes, prior, correction = list(head), None, "head"
     by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
     chosen = {i for i in by_yes if yes[i] >= 0.5}
     chosen |= set(by_yes[: spec.min_items])
@@ -374,12 +378,12 @@ def multi_result(
         value=[spec.labels[i].value for i in sorted(chosen)],
         probability=sure[least],
         candidate_mass=mass,
-        method=decisions[0].method,
+        method="head" if head is not None else decisions[0].method,
         alternatives=tuple(Alternative(spec.labels[i].value, yes[i]) for i in by_yes[:top_k]),
         wave=wave,
         label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
-        raw_probability=None if prior is None else (raw[least] if least in chosen else 1.0 - raw[least]),
-        correction=None if prior is None else correction,
+        raw_probability=None if prior is None and head is None else (raw[least] if least in chosen else 1 - raw[least]),
+        correction=None if prior is None and head is None else correction,
         lean=None if prior is None else prior.bias,
     )
 

@@ -4,11 +4,12 @@ alike): one rule per layer of ``pcd_engine``.
 The layers, bottom to top (each may import the layers below it and itself, nothing above):
 
 ``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
-``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.heads`` <
-``calibrate.correction`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` < ``generate`` <
-``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``tools``; the facades (the package, ``__main__``,
-``testing``) may import anything of pcd_engine. What a lower layer needs of a higher one it names as a protocol
-(``run.host.Host``: the engine as a request sees it; ``generate.free_text.ChatModel``), never by importing it.
+``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.field_heads`` <
+``calibrate.heads`` < ``calibrate.correction`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
+``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``tools``; the facades (the package,
+``__main__``, ``testing``) may import anything of pcd_engine. What a lower layer needs of a higher one it names as a
+protocol (``run.host.Host``: the engine as a request sees it; ``generate.free_text.ChatModel``), never by importing
+it.
 
 The backends, the only code that touches tensors, import the token trees and the errors only (the rule above
 adds the lower utilities, of which they import none). No module is exempt, and no import circle is left, even
@@ -34,6 +35,7 @@ LAYERS = [
     "calibrate.fitted",
     "calibrate.calibrator",
     "calibrate.gates",
+    "calibrate.field_heads",
     "calibrate.heads",
     "calibrate.correction",
     "limits",

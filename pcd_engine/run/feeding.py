@@ -38,7 +38,7 @@ class Feeding:
     nodes_scored: int
     documents_per_pass: list[int]
     call: ExtractOptions
-    head_nodes: dict[str, int]
+    head_nodes: dict[str, list[int]]
     feature_fields: frozenset[str]
 
     @property
@@ -134,19 +134,20 @@ class Feeding:
         tap, head = self.state.tap, self.call.head
         if tap is None:
             return
-        self.head_nodes = {
-            t.spec.name: t.paths[0].nodes[t.decision_depth]
-            for t in wave.fields
-            if t.spec.name in self.feature_fields or (head is not None and head.field(t.spec.name) is not None)
-        }
-        tap.nodes, tap.answers = frozenset(self.head_nodes.values()), {}
+        self.head_nodes = {}
+        for t in wave.fields:  # a multi-label field asks one yes/no question per label, in label order
+            if t.spec.name in self.feature_fields or (head is not None and head.field(t.spec.name) is not None):
+                self.head_nodes.setdefault(t.spec.name, []).append(t.paths[0].nodes[t.decision_depth])
+        tap.nodes, tap.answers = frozenset(n for nodes in self.head_nodes.values() for n in nodes), {}
 
     def field_features(self, spec: FieldSpec) -> np.ndarray | None:
         """The features a head of ``spec`` reads, from this wave's passes: the last layer's state where the field's
-        decision was read, then the middle layer's mean over the document (``None`` when the field is not tapped,
-        or its decision was not read from the tree)."""
-        tap, node = self.state.tap, self.head_nodes.get(spec.name)
-        if tap is None or node is None or node not in tap.answers:
+        decision was read, then the middle layer's mean over the document; for a multi-label field one such row per
+        label, read where that label's flag is decided (``None`` when the field is not tapped, or a decision was not
+        read from the tree)."""
+        tap, nodes = self.state.tap, self.head_nodes.get(spec.name, [])
+        if tap is None or not nodes or any(node not in tap.answers for node in nodes):
             return None
-        answer = tap.answers[node]
-        return np.concatenate([answer, tap.document_mean(len(answer))])
+        mean = tap.document_mean(len(tap.answers[nodes[0]]))
+        rows = np.stack([np.concatenate([tap.answers[node], mean]) for node in nodes])
+        return rows if spec.kind == "multi" else rows[0]

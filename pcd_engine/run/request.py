@@ -118,7 +118,8 @@ class Request(Feeding):
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
         group: Whose documents these are: a batch correction estimates a lean only on documents of one group (one
             caller's call), never across callers.
-        head_nodes: Each tapped field's decision node in the current wave's tree (fields with a head in the call's
+        head_nodes: Each tapped field's decision nodes in the current wave's tree (one per label of a multi-label
+            field) (fields with a head in the call's
             ``head``, and :attr:`feature_fields`).
         feature_fields: The closed fields whose features the request keeps in :attr:`features` (what a head is
             fitted on).
@@ -155,7 +156,7 @@ class Request(Feeding):
     lean: Lean = field(default_factory=Lean)
     batch_documents: int = 1
     group: object = None
-    head_nodes: dict[str, int] = field(default_factory=dict)
+    head_nodes: dict[str, list[int]] = field(default_factory=dict)
     feature_fields: frozenset[str] = frozenset()
     features: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -317,15 +318,17 @@ class Request(Feeding):
             prior = leans.get(spec.name) if leans is not None else self.lean.field(spec.name)
             if prior is not None and not self.correctable(spec, decided.get(spec.name, ())):
                 prior = None  # a staged or walked reading, or a field the correction leaves as read
-            features = self.field_features(spec) if spec.kind != "multi" else None
+            features = self.field_features(spec)
             field_head = self.call.head.field(spec.name) if self.call.head is not None else None
-            head = field_head.probabilities(features) if field_head is not None and features is not None else None
+            head = None
+            if field_head is not None and features is not None:
+                head = field_head.yes(features) if spec.kind == "multi" else field_head.probabilities(features)
             if features is not None and spec.name in self.feature_fields:
                 self.features[spec.name] = features
             if spec.kind == "multi":
                 self.results[spec.name] = multi_result(
                     spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how,
+                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how, head=head,
                 )  # fmt: skip
             else:
                 fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)

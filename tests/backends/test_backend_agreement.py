@@ -118,3 +118,23 @@ def test_features_agree(twins, scorer):
     assert set(theirs.answers) == set(ours.answers) == set(ours.nodes)
     for node, vector in ours.answers.items():
         np.testing.assert_allclose(theirs.answers[node], vector, atol=1e-4 * np.abs(vector).max())
+
+
+def test_a_head_decides_alike_on_both_backends(twins):
+    """A head fitted through the PyTorch engine, given to the MLX engine on the same weights (its model name
+    changed to the MLX engine's), decides the same labels with the same distributions; batched too."""
+    from pcd_engine import Head
+
+    schema = {"tone": {"type": "enum", "choices": ["calm", "angry", "sad"]}, "refund": {"type": "boolean"}}
+    words = {"angry": "I am furious about this!", "calm": "Thanks, all is fine.", "sad": "So sad and tired today."}
+    examples = [(f"Order {i}. {text}", {"tone": tone}) for i in range(6) for tone, text in words.items()]
+    torch_engine = Engine(twins[0], correction="none")
+    mlx_engine = Engine(twins[1], correction="none")
+    head = Head.fit(torch_engine, schema, examples)
+    mlx_head = Head.from_json({**head.to_json(), "model": mlx_engine.model_id})
+    texts = [f"Order {i}. {text}" for i, text in enumerate(words.values(), 40)]
+    ours = torch_engine.extract_many(texts, schema, head=head)
+    theirs = mlx_engine.extract_many(texts, schema, head=mlx_head)
+    for a, b in zip(ours, theirs, strict=True):
+        assert b.fields["tone"].method == "head" and b.values == a.values
+        np.testing.assert_allclose(b.fields["tone"].label_distribution, a.fields["tone"].label_distribution, atol=1e-3)

@@ -145,7 +145,7 @@ def test_a_head_for_another_schema_or_model_is_refused_before_any_model_work(tin
         ([], "expected labelled examples"),
         ([("text", {"tone": "furious"})], "expected one of \\['calm', 'angry', 'sad'\\]"),
         ([("a", {"tone": "calm"}), ("b", {"tone": "calm"})], "at least two of its labels"),
-        ([("a", {"note": "x"})], "single-label closed field"),
+        ([("a", {"note": "x"})], "expected a closed field of \\[.tone., .refund.\\], but got .note."),
         (["just text"], "expected \\(text, \\{field: value\\}\\)"),
         ([("a", {"refund": 1}), ("b", {"refund": False})], "expected one of \\[True, False\\]"),
     ],
@@ -164,3 +164,37 @@ def test_fit_refuses_bad_examples_before_any_model_work(tiny_engine, bad, needle
 def test_the_head_option_refuses_what_is_not_a_head(tiny_engine, value, needle):
     with pytest.raises(OptionError, match=needle):
         tiny_engine.extract("Hello.", SCHEMA, head=value)
+
+
+MULTI = {"tags": {"type": "multi", "choices": ["late", "broken", "billing"]}, "tone": SCHEMA["tone"]}
+PHRASES = {"late": "It came two weeks late.", "broken": "The lid was broken.", "billing": "I was charged twice."}
+
+
+def multi_examples() -> list[tuple[str, dict]]:
+    out = []
+    for i in range(18):
+        tags = [t for k, t in enumerate(PHRASES) if (i >> k) % 2 or i % 7 == k]
+        out.append((f"Order {i}. " + " ".join(PHRASES[t] for t in tags), {"tags": tags}))
+    return out
+
+
+def test_a_multi_label_field_gets_a_yes_no_head_per_label(tiny_engine, tmp_path):
+    head = Head.fit(tiny_engine, MULTI, multi_examples())
+    tags = head.field("tags")
+    assert tags.kind == "multi" and tags.labels == ("late", "broken", "billing") and len(head.fields) == 1
+    (gated,) = head.gates
+    assert gated.held_out == 18 * 3  # every (example, label) one yes/no decision
+    text = "Order 50. The lid was broken. I was charged twice."
+    [(_, features)] = tiny_engine.read_features([text], MULTI)
+    assert features["tags"].shape[0] == 3 and features["tone"].ndim == 1
+    out = tiny_engine.extract(text, MULTI, head=head)
+    field = out.fields["tags"]
+    assert field.method == "head" and field.correction == "head"
+    expected = tags.yes(features["tags"].tolist())
+    np.testing.assert_allclose([field.label_probabilities[v] for v in tags.labels], expected, atol=1e-4)
+    assert field.value == [v for v, p in zip(tags.labels, expected, strict=True) if p >= 0.5]
+    assert out.fields["tone"].method != "head"
+    reloaded = Head.load(head.save(tmp_path / "tags.head.json"))
+    assert reloaded == head and tiny_engine.extract(text, MULTI, head=reloaded).values == out.values
+    with pytest.raises(OptionError, match="expected a list of values from"):
+        Head.fit(tiny_engine, MULTI, [("a", {"tags": "late"}), ("b", {"tags": []})])

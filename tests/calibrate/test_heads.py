@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcd_engine import compile_schema
+from pcd_engine.calibrate.field_heads import UNSEEN_LOG_ODDS, fit_field_head, held_out_distributions
 from pcd_engine.calibrate.gates import gate, scores
-from pcd_engine.calibrate.heads import UNSEEN_LOG_ODDS, Head, fit_field_head, held_out_distributions
+from pcd_engine.calibrate.heads import Head
 from pcd_engine.errors import InputError, OptionError
 from tests.support import json_mutations
 

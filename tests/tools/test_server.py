@@ -333,3 +333,41 @@ def test_page_in_headless_chromium(live):
         finally:
             browser.close()
     assert (artifacts / "pcd-serve-page.png").stat().st_size > 10_000
+
+
+def test_a_logged_server_takes_outcomes_and_pcd_fit_reads_them(tiny_folder, tiny_folder_engine, tmp_path, capsys):
+    """``pcd serve --log``: each /api/extract answer gets an id, /api/outcomes records the right values for it,
+    and ``pcd fit --log`` fits a head on the requests that have outcomes (of the schema asked for only)."""
+    from pcd_engine.tools.cli import main
+
+    log = tmp_path / "decisions.jsonl"
+    logged = TestClient(create_app(tiny_folder_engine, log=log), base_url="http://localhost")
+    moods = {"POSITIVE": "Thanks and all is great.", "NEUTRAL": "It came on Monday.", "NEGATIVE": "I am furious!"}
+    for i in range(4):
+        for mood, text in moods.items():
+            body = {"schema": TICKET, "context": f"Order {i}. {text}"}
+            reply = logged.post("/api/extract", json=body)
+            assert reply.status_code == 200 and reply.json()["id"].startswith("dec-")
+            done = logged.post("/api/outcomes", json={"id": reply.json()["id"], "values": {"sentiment": mood}})
+            assert done.status_code == 200 and done.json()["recorded"] == ["sentiment"]
+    other = {"title": "Other", "type": "object", "properties": {"ok": {"type": "boolean"}}}
+    stray = logged.post("/api/extract", json={"schema": other, "context": "Fine."}).json()["id"]
+    assert logged.post("/api/outcomes", json={"id": stray, "values": {"ok": True}}).status_code == 200
+    for bad, status, needle in [
+        ({"id": "dec-nope", "values": {"sentiment": "POSITIVE"}}, 404, "expected an id that /api/extract returned"),
+        ({"id": stray, "values": {}}, 400, "values"),
+        ({"values": {"ok": True}}, 400, "id"),
+    ]:
+        reply = logged.post("/api/outcomes", json=bad)
+        assert reply.status_code == status and needle in reply.text, reply.text
+    unlogged = TestClient(create_app(tiny_folder_engine), base_url="http://localhost")
+    reply = unlogged.post("/api/outcomes", json={"id": stray, "values": {"ok": True}})
+    assert reply.status_code == 404 and "--log" in reply.text
+    assert "id" not in unlogged.post("/api/extract", json={"schema": TICKET, "context": "Hi."}).json()
+    (tmp_path / "s.json").write_text(json.dumps(TICKET), encoding="utf-8")
+    argv = ["fit", tiny_folder, "--schema", str(tmp_path / "s.json"), "--log", str(log), "--field", "sentiment",
+            "-o", str(tmp_path / "h.json"), "-q"]  # fmt: skip
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "(12 labelled documents)" in out and "| sentiment" in " ".join(out.split())

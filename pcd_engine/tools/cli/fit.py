@@ -1,9 +1,10 @@
 """``pcd fit``: fit decision heads on labelled documents, gate them against the model's own decisions, and save them.
 
 The labelled documents come from a table: a ``.jsonl``, ``.csv`` or ``.parquet`` file with a text column and one
-column per field (named as the field), or, with ``--labels``, the documents of ``--input`` (any ``pcd tag`` input)
-joined by id with a table of labels, such as a ``pcd tag`` output a person corrected. An empty cell leaves that
-field unlabelled for that document.
+column per field (named as the field; a multi-label field's cell a list of labels, or its JSON text in a CSV), or,
+with ``--labels``, the documents of ``--input`` (any ``pcd tag`` input) joined by id with a table of labels, such as a
+``pcd tag`` output a person corrected. An empty cell leaves that field unlabelled for that document. With ``--log``,
+they are the requests a ``pcd serve --log`` server answered and got outcomes for (``POST /api/outcomes``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +29,10 @@ def add(sub: Any) -> None:
     common.with_model(p)
     p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict")
     p.add_argument("--preset", metavar="PRESET", help="example preset name or preset .json file (instead of --schema)")
-    p.add_argument("--input", required=True, help="labelled documents (.jsonl, .csv, .parquet), or with --labels any "
+    p.add_argument("--input", default=None, help="labelled documents (.jsonl, .csv, .parquet), or with --labels any "
                    "pcd tag input")  # fmt: skip
+    p.add_argument("--log", default=None, metavar="LOG.jsonl", help="instead of --input: a pcd serve --log file's "
+                   "requests that have outcomes")  # fmt: skip
     p.add_argument(
         "--labels", default=None, metavar="TABLE", help="a table of labels by id (a corrected pcd tag output)"
     )
@@ -77,9 +81,18 @@ def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[st
     Raises:
         InputError: If a file cannot be read, a column is missing, or no document is labelled.
     """
+    from pcd_engine.calibrate.heads import HEADED_KINDS
     from pcd_engine.tools.corpus import read_corpus, read_records
+    from pcd_engine.tools.serve.outcomes import logged_examples
 
-    headed = {s.name: s for s in schema.fields if s.kind in ("enum", "boolean") and len(s.labels) > 1}
+    if (args.input is None) == (args.log is None):
+        raise OptionError("pcd fit: expected exactly one of --input and --log.")
+    if args.log is not None:
+        found = logged_examples(args.log, schema)
+        if not found:
+            raise InputError(f"Log {args.log!r}: expected requests of {schema.title!r} with outcomes, but found none.")
+        return found[: args.limit] if args.limit else found
+    headed = {s.name: s for s in schema.fields if s.kind in HEADED_KINDS and len(s.labels) > 1}
     rows: list[tuple[str, Any, Mapping[str, Any]]] = []  # (where, text, row)
     if args.labels is None:
         for where, record in read_records(args.input):
@@ -110,8 +123,15 @@ def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[st
 
 
 def _label(spec: FieldSpec, cell: Any) -> Any:
-    """A table cell as one of ``spec``'s labels where it spells one (``"true"``, ``"3"``); else the cell, which the
-    fit then refuses by name."""
+    """A table cell as one of ``spec``'s labels where it spells one (``"true"``, ``"3"``); a multi-label field's cell
+    as a list of them (a list, or its JSON text in a CSV cell); else the cell, which the fit then refuses by name."""
+    if spec.kind == "multi":
+        if isinstance(cell, str) and cell.strip().startswith("["):
+            try:
+                cell = json.loads(cell)
+            except json.JSONDecodeError:
+                return cell
+        return [_label(replace(spec, kind="enum"), item) for item in cell] if isinstance(cell, list) else cell
     values: Sequence[Any] = [label.value for label in spec.labels]
     if any(cell == v and type(cell) is type(v) for v in values) or not isinstance(cell, str):
         return cell

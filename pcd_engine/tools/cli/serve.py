@@ -72,6 +72,8 @@ def add(sub: Any) -> None:
         help="decide extractions arriving within MS milliseconds of each other in one batch (default: 5; -1: never)",
     )
     p.add_argument("--max-batch", type=int, default=None, help="the most extractions in one batch (default: engine's)")
+    p.add_argument("--log", default=None, metavar="LOG.jsonl", help="append /api/extract requests and the outcomes "
+                   "POST /api/outcomes reports (pcd fit --log reads them)")  # fmt: skip
     p.set_defaults(func=cmd_serve)
 
 
@@ -115,6 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         cors_origins=args.cors_origin,
         batch_window_ms=None if args.batch_window < 0 else args.batch_window,
         max_batch=args.max_batch,
+        log=args.log,
     )
     if not args.quiet:
         print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)

@@ -9,6 +9,7 @@ and cancelling engine work when a client goes away (:meth:`Server.run_engine`). 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,7 @@ def create_app(
     cors_origins: Sequence[str] = (),
     batch_window_ms: float | None = 5.0,
     max_batch: int | None = None,
+    log: str | os.PathLike[str] | None = None,
 ) -> Any:
     """Build the ASGI app around a loaded engine.
 
@@ -65,6 +67,8 @@ def create_app(
             (one pass per wave for all; see :class:`~pcd_engine.run.collector.Collector`); ``None`` decides each
             alone.
         max_batch: The most extractions in one batch; ``None`` takes the engine's batch size.
+        log: A JSON-lines file logging answered ``/api/extract`` requests (each given an ``id``) and the outcomes
+            ``POST /api/outcomes`` reports for them, which ``pcd fit --log`` reads; ``None`` refuses outcomes.
 
     Returns:
         A FastAPI application; ``app.state.server`` is its :class:`Server`.
@@ -74,6 +78,7 @@ def create_app(
     """
     (fastapi,) = require("fastapi", what="pcd serve", install=INSTALL)
     from pcd_engine.tools.serve.openai_api import openai_router
+    from pcd_engine.tools.serve.outcomes import DecisionLog
     from pcd_engine.tools.serve.page_api import page_router
     from pcd_engine.tools.serve.responses_api import responses_router
 
@@ -82,7 +87,7 @@ def create_app(
     )
     server = Server(
         engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases),
-        collector=collector,
+        collector=collector, log=DecisionLog(log) if log is not None else None,
     )  # fmt: skip
     app = fastapi.FastAPI(title="pcd", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.server = server

@@ -55,6 +55,25 @@ class ExtractRequest(BaseModel):
         return {} if value is None else value
 
 
+class OutcomeRequest(BaseModel):
+    """``POST /api/outcomes``: what a logged answer should have been.
+
+    Attributes:
+        id: The ``id`` that ``/api/extract`` returned for the request (``pcd serve --log``).
+        values: The right values of some of its fields, by name.
+    """
+
+    id: str = Field(description="the id /api/extract returned")
+    values: dict[str, Any] = Field(description="the right values of some fields, by name")
+
+    @field_validator("values")
+    @classmethod
+    def _some(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not value:
+            raise ValueError("it names no field")
+        return value
+
+
 class BaselineRequest(ExtractRequest):
     """``POST /api/baseline``: as :class:`ExtractRequest`; ``options.max_new_tokens`` caps the answer."""
 

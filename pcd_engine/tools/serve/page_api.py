@@ -1,6 +1,8 @@
-"""The web page and its JSON API: ``GET /``, ``GET /api/presets``, ``POST /api/extract``, ``POST /api/baseline``.
+"""The web page and its JSON API: ``GET /``, ``GET /api/presets``, ``POST /api/extract``, ``POST /api/baseline``,
+``POST /api/outcomes``.
 
-``/api/extract`` answers ``{schema, context, options}`` with the values, per-field evidence and statistics;
+``/api/extract`` answers ``{schema, context, options}`` with the values, per-field evidence and statistics (and,
+under ``pcd serve --log``, an ``id`` that ``/api/outcomes`` takes with the right values, for ``pcd fit --log``);
 ``/api/baseline`` streams the model writing the same answer token by token as Server-Sent Events (``token``
 events, then one ``done`` event with the answer's validity and the status of every key).
 """
@@ -21,7 +23,7 @@ from pcd_engine.schema import Schema, compile_schema
 from pcd_engine.tools.baseline import BaselineResult, partial_pairs, stream_baseline
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import BaselineRequest, ExtractRequest, documented, parse_body
+from pcd_engine.tools.serve.models import BaselineRequest, ExtractRequest, OutcomeRequest, documented, parse_body
 from pcd_engine.tools.serve.server import Server
 
 __all__ = ["page_router"]
@@ -87,7 +89,20 @@ def page_router(server: Server) -> APIRouter:
         compiled = compile_schema(body.schema_)
         options = server.client_options(body.options)
         result = await server.extract(request, body.context, compiled, options)
-        return {**result.to_json(), "schema": field_kinds(compiled)}
+        logged = {"id": server.log.record(compiled, body.context, result)} if server.log is not None else {}
+        return {**logged, **result.to_json(), "schema": field_kinds(compiled)}
+
+    @router.post("/api/outcomes", openapi_extra=documented(OutcomeRequest))
+    async def outcomes(request: Request) -> Any:
+        body = parse_body(OutcomeRequest, await server.read_json(request), kinds={})
+        if server.log is None:
+            message = "Outcomes: this server keeps no log (start it with pcd serve --log FILE)."
+            raise HTTPError(404, "not_found", message)
+        if not server.log.knows(body.id):
+            message = f"Outcome id {body.id!r}: expected an id that /api/extract returned."
+            raise HTTPError(404, "not_found", message, param="id")
+        server.log.outcome(body.id, body.values)
+        return {"id": body.id, "recorded": sorted(body.values)}
 
     @router.post("/api/baseline", openapi_extra=documented(BaselineRequest))
     async def baseline(request: Request) -> Any:

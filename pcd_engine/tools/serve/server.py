@@ -19,6 +19,7 @@ from pcd_engine.result import ExtractionResult
 from pcd_engine.run.collector import Collector
 from pcd_engine.schema import Schema
 from pcd_engine.tools.serve.errors import HTTPError
+from pcd_engine.tools.serve.outcomes import DecisionLog
 
 if TYPE_CHECKING:
     from fastapi import Request
@@ -42,6 +43,8 @@ class Server:
         aliases: Other names requests may use for the model (``default``, the alias, the folder).
         collector: Collects concurrent extractions into shared batches (one pass per wave for all of them);
             ``None`` runs each alone.
+        log: Where answered ``/api/extract`` requests and their reported outcomes go
+            (:class:`~pcd_engine.tools.serve.outcomes.DecisionLog`); ``None``: nowhere.
     """
 
     engine: Engine
@@ -52,6 +55,7 @@ class Server:
     body_timeout_s: float
     aliases: tuple[str, ...] = ()
     collector: Collector | None = None
+    log: DecisionLog | None = None
 
     @property
     def model_names(self) -> tuple[str, ...]:
