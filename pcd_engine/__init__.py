@@ -32,7 +32,17 @@ from pcd_engine.generate.free_text import ChatMessage, JsonReply, TextChunk, jso
 from pcd_engine.limits import RequestLimits
 from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL, default_model_path
 from pcd_engine.options import ExtractOptions, PromptFormat, surface_options
-from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult
+from pcd_engine.questions import (
+    Decisions,
+    Question,
+    QuestionAnswer,
+    content_text,
+    decide_questions,
+    questions_schema,
+    read_decisions,
+    state_text,
+)
+from pcd_engine.result import Alternative, ExtractionResult, ExtractionStats, FieldResult, TokenUsage
 from pcd_engine.run.collector import Collector
 from pcd_engine.schema import FieldSpec, Label, Preset, Schema, compile_schema, load_preset
 from pcd_engine.tool_calls import Tool, ToolCall, ToolDecision, decide_tools
@@ -49,6 +59,7 @@ __all__ = [
     "Collector",
     "ContextError",
     "DatasetError",
+    "Decisions",
     "Engine",
     "EngineOptions",
     "ExtractOptions",
@@ -68,22 +79,30 @@ __all__ = [
     "Preset",
     "PromptAlignmentError",
     "PromptFormat",
+    "Question",
+    "QuestionAnswer",
     "RequestCancelled",
     "RequestLimits",
     "RequestTimeout",
     "Schema",
     "SchemaError",
     "TextChunk",
+    "TokenUsage",
     "Tool",
     "ToolCall",
     "ToolDecision",
     "__version__",
     "compile_schema",
+    "content_text",
+    "decide_questions",
     "decide_tools",
     "default_model_path",
     "json_chat",
     "label_shares",
     "load_preset",
+    "questions_schema",
+    "read_decisions",
+    "state_text",
     "stream_chat",
     "stream_text",
     "surface_options",

@@ -77,8 +77,7 @@ def fitted_json(value: Any, *, owner: str, kind: str = "calibration") -> dict[st
         OptionError: If it is none of those.
         InputError: If the file cannot be read or is not of that kind.
     """
-    from pcd_engine.calibrate.calibrator import Calibrator
-    from pcd_engine.calibrate.heads import Head
+    from pcd_engine import Calibrator, Head
 
     cls: Any = Head if kind == "head" else Calibrator
     if value is None:

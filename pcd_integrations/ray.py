@@ -17,7 +17,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pcd_engine.errors import InputError, check_count, pip_install, require
+from pcd_engine import InputError
+from pcd_engine.adapters import check_count, pip_install, require
 
 require("ray.data", what="pcd_integrations.ray", install=pip_install("ray"))
 
@@ -25,11 +26,8 @@ import pyarrow as pa
 import ray
 import ray.data
 
-from pcd_engine.options import ExtractOptions, surface_options
-from pcd_engine.schema import Schema, compile_schema
-from pcd_engine.tools.corpus import CorpusDocument
-from pcd_engine.tools.tag_table import tag_columns, tag_table
-from pcd_engine.tools.tagging import Runner, tag_outcomes
+from pcd_engine import ExtractOptions, Schema, compile_schema, surface_options
+from pcd_engine.adapters import CorpusDocument, Runner, tag_columns, tag_outcomes, tag_table
 
 __all__ = ["PCDTagger", "cli_runner", "ray_parts", "tag_dataset"]
 
@@ -64,7 +62,7 @@ class PCDTagger:
         keep_text: bool,
         engine_options: Mapping[str, Any],
     ) -> None:
-        from pcd_engine.engine import Engine
+        from pcd_engine import Engine
 
         try:  # one "Loading weights" bar per actor start is noise in the driver's log
             from transformers.utils import logging as hf_logging

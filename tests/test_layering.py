@@ -6,10 +6,10 @@ The layers, bottom to top (each may import the layers below it and itself, nothi
 ``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
 ``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.field_heads`` <
 ``calibrate.heads`` < ``calibrate.correction`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
-``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``tools``; the facades (the package,
-``__main__``, ``testing``) may import anything of pcd_engine. What a lower layer needs of a higher one it names as a
-protocol (``run.host.Host``: the engine as a request sees it; ``generate.free_text.ChatModel``), never by importing
-it.
+``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tools``; the facades (the
+package, ``__main__``, ``testing``, ``adapters``) may import anything of pcd_engine. What a lower layer needs of a
+higher one it names as a protocol (``run.host.Host``: the engine as a request sees it;
+``generate.free_text.ChatModel``), never by importing it.
 
 The backends, the only code that touches tensors, import the token trees and the errors only (the rule above
 adds the lower utilities, of which they import none). No module is exempt, and no import circle is left, even
@@ -48,9 +48,10 @@ LAYERS = [
     "run",
     "engine",
     "tool_calls",
+    "questions",
     "tools",
 ]
-FACADES = {"__init__.py", "__main__.py", "testing.py"}
+FACADES = {"__init__.py", "__main__.py", "testing.py", "adapters.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
 # Modules that sit below the rest of their package: the token trees (what backends score), the lean estimators, what
 # fitted files share, the calibrator and the heads (values the options carry) and the corrections (objects the

@@ -14,6 +14,7 @@ EXPECTED_ENGINE = [
     "Collector",
     "ContextError",
     "DatasetError",
+    "Decisions",
     "Engine",
     "EngineOptions",
     "ExtractOptions",
@@ -33,22 +34,30 @@ EXPECTED_ENGINE = [
     "Preset",
     "PromptAlignmentError",
     "PromptFormat",
+    "Question",
+    "QuestionAnswer",
     "RequestCancelled",
     "RequestLimits",
     "RequestTimeout",
     "Schema",
     "SchemaError",
     "TextChunk",
+    "TokenUsage",
     "Tool",
     "ToolCall",
     "ToolDecision",
     "__version__",
     "compile_schema",
+    "content_text",
+    "decide_questions",
     "decide_tools",
     "default_model_path",
     "json_chat",
     "label_shares",
     "load_preset",
+    "questions_schema",
+    "read_decisions",
+    "state_text",
     "stream_chat",
     "stream_text",
     "surface_options",
@@ -91,6 +100,58 @@ def test_backends_all():
     assert sorted(pcd_engine.backends.__all__) == ["BACKENDS", "Backend", "Prefix", "RequestState", "select_backend"]
 
 
+EXPECTED_ADAPTERS = [
+    "CorpusDocument",
+    "Runner",
+    "called_text",
+    "check_count",
+    "check_text",
+    "choice_of",
+    "document_text",
+    "pip_install",
+    "require",
+    "tag_columns",
+    "tag_outcomes",
+    "tag_table",
+    "tool_result_text",
+]
+"""``pcd_engine.adapters``: what framework adapters use beyond ``pcd_engine``'s names (the README documents it)."""
+
+
+def test_adapters_all_is_pinned_and_documented():
+    from pathlib import Path
+
+    import pcd_engine.adapters
+
+    assert pcd_engine.adapters.__all__ == EXPECTED_ADAPTERS
+    for name in EXPECTED_ADAPTERS:
+        assert getattr(pcd_engine.adapters, name) is not None
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert "pcd_engine.adapters" in readme
+
+
+def test_integrations_import_only_the_engines_public_api():
+    """Every import of pcd_engine in pcd_integrations names ``pcd_engine``'s documented names or
+    ``pcd_engine.adapters``' (checked on the source, so a new internal import anywhere fails here)."""
+    import ast
+    from pathlib import Path
+
+    public = {"pcd_engine": set(EXPECTED_ENGINE), "pcd_engine.adapters": set(EXPECTED_ADAPTERS)}
+    root = Path(pcd_integrations.__file__).resolve().parent
+    offences, seen = [], 0
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                offences += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("pcd_engine")]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pcd_engine"):
+                seen += 1
+                allowed = public.get(node.module or "", set())
+                offences += [f"{path.name}: from {node.module} import {a.name}" for a in node.names
+                             if a.name not in allowed]  # fmt: skip
+    assert seen > 10  # the walk found the adapters' imports
+    assert not offences, offences
+
+
 def test_integrations_all():
     assert pcd_integrations.__all__ == []
 
@@ -98,7 +159,7 @@ def test_integrations_all():
 def test_langchain_all():
     import pcd_integrations.langchain
 
-    assert pcd_integrations.langchain.__all__ == ["ChatPCD"]
+    assert pcd_integrations.langchain.__all__ == ["ChatPCD", "PCDDecisionModel"]
 
 
 def test_llamaindex_all():

@@ -9,10 +9,11 @@ The chat model is :mod:`.chat_model`; :mod:`.messages` reads LangChain messages 
 ``pip install "pcd-llm[langchain]"``.
 """
 
-from pcd_engine.errors import pip_install, require
+from pcd_engine.adapters import pip_install, require
 
 require("langchain_core", what="pcd_integrations.langchain", install=pip_install("langchain"))
 
 from pcd_integrations.langchain.chat_model import ChatPCD  # noqa: E402
+from pcd_integrations.langchain.decision_model import PCDDecisionModel  # noqa: E402
 
-__all__ = ["ChatPCD"]
+__all__ = ["ChatPCD", "PCDDecisionModel"]

@@ -21,19 +21,20 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from pcd_engine import (
+    DEFAULT_MODEL,
     ChatMessage,
+    ContextError,
     Engine,
     ExtractionResult,
     ExtractOptions,
     SchemaError,
+    TokenUsage,
+    Tool,
+    decide_tools,
     stream_chat,
+    surface_options,
 )
-from pcd_engine.errors import ContextError, check_count
-from pcd_engine.models.resolve import DEFAULT_MODEL
-from pcd_engine.options import surface_options
-from pcd_engine.result import TokenUsage
-from pcd_engine.run.admission import check_text
-from pcd_engine.tool_calls import Tool, choice_of, decide_tools
+from pcd_engine.adapters import check_count, check_text, choice_of
 from pcd_integrations._shared import own_error, read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.langchain.messages import (
     METHODS,

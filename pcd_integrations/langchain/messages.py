@@ -15,12 +15,8 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
-from pcd_engine import (
-    ExtractOptions,
-    SchemaError,
-)
-from pcd_engine.generate.free_text import document_text
-from pcd_engine.tool_calls import Tool, called_text, tool_result_text
+from pcd_engine import ExtractOptions, SchemaError, Tool
+from pcd_engine.adapters import called_text, document_text, tool_result_text
 
 __all__ = [
     "METHODS",

@@ -9,7 +9,7 @@
 One module each: :mod:`.program`, :mod:`.llm`, :mod:`.extractor`. Install with ``pip install "pcd-llm[llamaindex]"``.
 """
 
-from pcd_engine.errors import pip_install, require
+from pcd_engine.adapters import pip_install, require
 
 require("llama_index.core", what="pcd_integrations.llamaindex", install=pip_install("llamaindex"))
 

@@ -12,8 +12,7 @@ from llama_index.core.extractors import BaseExtractor
 from llama_index.core.schema import BaseNode, MetadataMode
 from pydantic import BaseModel
 
-from pcd_engine import Engine, ExtractionResult, ExtractOptions, OptionError
-from pcd_engine.options import surface_options
+from pcd_engine import Engine, ExtractionResult, ExtractOptions, OptionError, surface_options
 from pcd_integrations._shared import fitted_json, shared_engine
 from pcd_integrations.llamaindex.program import pcd_llm
 

@@ -28,11 +28,17 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.tools.types import BaseTool
 from pydantic import BaseModel
 
-from pcd_engine import ChatMessage, Engine, ExtractOptions, stream_chat
-from pcd_engine.generate.free_text import document_text
-from pcd_engine.models.resolve import DEFAULT_MODEL
-from pcd_engine.options import surface_options
-from pcd_engine.tool_calls import Tool, called_text, choice_of, decide_tools, tool_result_text
+from pcd_engine import (
+    DEFAULT_MODEL,
+    ChatMessage,
+    Engine,
+    ExtractOptions,
+    Tool,
+    decide_tools,
+    stream_chat,
+    surface_options,
+)
+from pcd_engine.adapters import called_text, choice_of, document_text, tool_result_text
 from pcd_integrations._shared import read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.llamaindex.program import PCDPydanticProgram
 

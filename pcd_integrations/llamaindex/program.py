@@ -11,8 +11,7 @@ from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.types import BasePydanticProgram
 from pydantic import BaseModel
 
-from pcd_engine import Engine, ExtractionResult, ExtractOptions, OptionError
-from pcd_engine.options import surface_options
+from pcd_engine import Engine, ExtractionResult, ExtractOptions, OptionError, surface_options
 from pcd_integrations._shared import shared_engine
 
 __all__ = ["EngineSource", "PCDPydanticProgram", "pcd_llm"]

@@ -23,7 +23,14 @@ from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.schema import compile_schema
 from pcd_engine.tool_calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.models import ChatCompletionRequest, CompletionRequest, ResponsesRequest, parse_body
+from pcd_engine.tools.serve.models import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DecisionsRequest,
+    ResponsesRequest,
+    SystemOneRequest,
+    parse_body,
+)
 from pcd_engine.tools.serve.server import Server
 
 __all__ = [
@@ -43,7 +50,7 @@ __all__ = [
 ]
 
 Format = Literal["text", "json_object", "json_schema"]
-R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest)
+R = TypeVar("R", ChatCompletionRequest, CompletionRequest, ResponsesRequest, DecisionsRequest, SystemOneRequest)
 
 
 async def read_request(server: Server, request: Request, model: type[R]) -> R:

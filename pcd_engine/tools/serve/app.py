@@ -77,10 +77,8 @@ def create_app(
         BackendUnavailableError: If FastAPI is not installed.
     """
     (fastapi,) = require("fastapi", what="pcd serve", install=INSTALL)
-    from pcd_engine.tools.serve.openai_api import openai_router
+    from pcd_engine.tools.serve import decisions_api, openai_api, page_api, responses_api
     from pcd_engine.tools.serve.outcomes import DecisionLog
-    from pcd_engine.tools.serve.page_api import page_router
-    from pcd_engine.tools.serve.responses_api import responses_router
 
     collector = (
         None if batch_window_ms is None else Collector(engine, window_ms=batch_window_ms, max_documents=max_batch)
@@ -105,9 +103,9 @@ def create_app(
     hosts = {h.lower().strip("[]") for h in (*LOOPBACK, *allowed_hosts, *([host] if host else []))}
     app.add_middleware(HostCheck, hosts=frozenset(hosts - {"0.0.0.0", "::"}))
     install_handlers(app)
-    app.include_router(page_router(server))
-    app.include_router(openai_router(server))
-    app.include_router(responses_router(server))
+    for router in (page_api.page_router, openai_api.openai_router, responses_api.responses_router,
+                   decisions_api.decisions_router):  # fmt: skip
+        app.include_router(router(server))
     return app
 
 

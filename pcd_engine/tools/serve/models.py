@@ -18,10 +18,13 @@ __all__ = [
     "BaselineRequest",
     "ChatCompletionRequest",
     "CompletionRequest",
+    "DecisionsRequest",
     "ExtractRequest",
     "ResponsesRequest",
+    "SystemOneRequest",
     "documented",
     "parse_body",
+    "refused_extra",
 ]
 
 M = TypeVar("M", bound=BaseModel)
@@ -76,6 +79,52 @@ class OutcomeRequest(BaseModel):
 
 class BaselineRequest(ExtractRequest):
     """``POST /api/baseline``: as :class:`ExtractRequest`; ``options.max_new_tokens`` caps the answer."""
+
+
+class DecisionsRequest(BaseModel):
+    """``POST /v1/decisions``.
+
+    Attributes:
+        model: The model id; any name in ``/v1/models``.
+        input: A string, or input items: messages (text, ``input_json`` parts), ``function_call`` and
+            ``function_call_output``.
+        questions: ``{"type": "predicate" | "choice" | "score", "name", "instructions", "choices" | "levels"}``.
+        pcd: pcd options (see :class:`~pcd_engine.options.ExtractOptions`).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Any = None
+    input: str | list[dict[str, Any]]
+    questions: list[dict[str, Any]] = Field(min_length=1)
+    pcd: dict[str, Any] | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        """An unknown field, by name."""
+        return refused_extra(self.model_extra or {}, ())
+
+
+class SystemOneRequest(BaseModel):
+    """``POST /v1/systemone``.
+
+    Attributes:
+        model: The model id; any name in ``/v1/models``.
+        state: Text, a JSON object or a JSON array; messages (``{"role", "content"}``) at the root read as a
+            conversation.
+        questions: ``{id: {"type": "noul" | "choice" | "score", "instructions", "criteria"}}``.
+        pcd: pcd options (see :class:`~pcd_engine.options.ExtractOptions`).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Any = None
+    state: str | dict[str, Any] | list[Any]
+    questions: dict[str, dict[str, Any]] = Field(min_length=1)
+    pcd: dict[str, Any] | None = None
+
+    def refused(self) -> tuple[str, str] | None:
+        """An unknown field, by name."""
+        return refused_extra(self.model_extra or {}, ())
 
 
 class ChatCompletionRequest(BaseModel):
@@ -152,7 +201,7 @@ class ChatCompletionRequest(BaseModel):
             )
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             return "top_logprobs", f"top_logprobs: expected 0 to 20, but got {self.top_logprobs}."
-        return _refused_extra(self.model_extra or {}, _REFUSED)
+        return refused_extra(self.model_extra or {}, _REFUSED)
 
 
 class CompletionRequest(BaseModel):
@@ -197,7 +246,7 @@ class CompletionRequest(BaseModel):
             return "prompt", f"prompt: expected a string or a list of one, but got a list of {len(self.prompt)}."
         if self.n not in (None, 1):
             return "n", f"n: expected 1, but got {self.n}; pcd's answer is deterministic, so every choice is the same."
-        return _refused_extra(self.model_extra or {}, _COMPLETION_REFUSED)
+        return refused_extra(self.model_extra or {}, _COMPLETION_REFUSED)
 
 
 class ResponsesRequest(BaseModel):
@@ -245,7 +294,7 @@ class ResponsesRequest(BaseModel):
         """As :meth:`ChatCompletionRequest.refused`, for the Responses fields."""
         if self.store:
             return "store", "store: expected false; pcd stores no responses, so it cannot keep this one."
-        return _refused_extra(self.model_extra or {}, _RESPONSES_REFUSED)
+        return refused_extra(self.model_extra or {}, _RESPONSES_REFUSED)
 
 
 _LOGPROBS = (
@@ -290,7 +339,7 @@ _RESPONSES_REFUSED: tuple[tuple[str, tuple[Any, ...], str], ...] = (
 _ACCEPTED = {"metadata", "service_tier", "safety_identifier", "prompt_cache_key"}
 
 
-def _refused_extra(
+def refused_extra(
     extra: dict[str, Any], refused: tuple[tuple[str, tuple[Any, ...], str], ...]
 ) -> tuple[str, str] | None:
     """The first extra field that is refused at a non-neutral value, or unknown."""

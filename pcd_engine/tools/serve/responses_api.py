@@ -40,7 +40,7 @@ from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import ResponsesRequest, documented
 from pcd_engine.tools.serve.server import Server
 
-__all__ = ["responses_router"]
+__all__ = ["input_turns", "responses_router"]
 
 
 def responses_router(server: Server) -> APIRouter:
@@ -84,7 +84,7 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
         tools.append(
             function_tool(raw.get("name"), raw.get("description"), parameters, where=f"tools[{i}]", param="tools")
         )
-    turns = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + _turns(body.input)
+    turns = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + input_turns(body.input)
     return Ask(
         messages=chat_messages(turns, param="input"),
         options=extract_options(server, body.pcd, body.temperature, body.max_output_tokens, param="max_output_tokens"),
@@ -98,7 +98,7 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
     )
 
 
-def _turns(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+def input_turns(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Responses input items as Chat Completions messages (the shape :func:`chat_messages` reads).
 
     Raises:

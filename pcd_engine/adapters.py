@@ -1,0 +1,64 @@
+"""The engine's API for framework adapters, beside the names of :mod:`pcd_engine`.
+
+pcd's own integrations (:mod:`pcd_integrations`: LangChain, LlamaIndex, Ray) import from :mod:`pcd_engine` and
+from this module only (a test holds them to it), and an adapter for another framework may rely on these names in
+the same way:
+
+* dependency checks: :func:`require` (import a framework, or raise
+  :class:`~pcd_engine.BackendUnavailableError` naming the extra to install) and :func:`pip_install`;
+* argument checks: :func:`check_count` (a non-negative integer setting) and :func:`check_text` (a document with
+  text in it);
+* how a conversation reads as the document a structured decision is made on: :func:`document_text` (turns
+  joined), :func:`called_text` (an assistant's tool calls) and :func:`tool_result_text` (a tool's result);
+  :func:`choice_of` reads a framework's ``tool_choice``;
+* the ``pcd tag`` job's parts, for a distributed runner: :class:`CorpusDocument`, :class:`Runner`,
+  :func:`tag_outcomes`, :func:`tag_columns` and :func:`tag_table` (imported on first use, as they live with the
+  command line).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pcd_engine.errors import check_count, pip_install, require
+from pcd_engine.generate.free_text import document_text
+from pcd_engine.run.admission import check_text
+from pcd_engine.tool_calls import called_text, choice_of, tool_result_text
+
+if TYPE_CHECKING:  # imported on first use (see __getattr__): they live with the command line
+    from pcd_engine.tools.corpus import CorpusDocument
+    from pcd_engine.tools.tag_table import tag_columns, tag_table
+    from pcd_engine.tools.tagging import Runner, tag_outcomes
+
+__all__ = [
+    "CorpusDocument",
+    "Runner",
+    "called_text",
+    "check_count",
+    "check_text",
+    "choice_of",
+    "document_text",
+    "pip_install",
+    "require",
+    "tag_columns",
+    "tag_outcomes",
+    "tag_table",
+    "tool_result_text",
+]
+
+_TAGGING = {
+    "CorpusDocument": "pcd_engine.tools.corpus",
+    "Runner": "pcd_engine.tools.tagging",
+    "tag_outcomes": "pcd_engine.tools.tagging",
+    "tag_columns": "pcd_engine.tools.tag_table",
+    "tag_table": "pcd_engine.tools.tag_table",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The tag job's parts, imported on first use (PEP 562)."""
+    if name in _TAGGING:
+        import importlib
+
+        return getattr(importlib.import_module(_TAGGING[name]), name)
+    raise AttributeError(f"module 'pcd_engine.adapters' has no attribute {name!r}")
