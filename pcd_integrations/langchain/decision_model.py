@@ -26,6 +26,8 @@ from pcd_engine import (
     SchemaError,
     content_text,
     decide_questions,
+    questions_schema,
+    read_decisions,
     state_text,
     surface_options,
 )
@@ -188,6 +190,17 @@ class PCDDecisionModel(BaseDecisionModel):
         if isinstance(decided, Exception):
             raise decided
         return self._response(decided, questions)
+
+    async def _aclassify(self, state: Any, questions: dict[str, Any]) -> ClassifierResponse:
+        """As :meth:`_classify`, through the engine's shared collector: concurrent ``ainvoke`` calls
+        (``asyncio.gather``) are decided in shared batches, one pass per wave for all of them."""
+        import asyncio
+
+        asked = engine_questions(questions)
+        text = check_text(state_text(plain_state(state)), where="state")
+        engine = self.get_engine()
+        future = engine.collector().submit(text, questions_schema(asked), self.call_options())
+        return self._response(read_decisions(await asyncio.wrap_future(future), asked), questions)
 
     def _response(self, decided: Decisions, questions: Mapping[str, Any]) -> ClassifierResponse:
         answers = {name: _answer(decided.answers[name], q) for name, q in questions.items()}

@@ -186,6 +186,28 @@ async def test_abatch_and_ainvoke(model):
     assert one.answers["team"].choice == got[0].answers["team"].choice
 
 
+async def test_concurrent_ainvoke_calls_share_passes(model, monkeypatch):
+    """ainvoke goes through the engine's collector: concurrent calls are decided in shared batches."""
+    import asyncio
+
+    import pcd_integrations.langchain.decision_model as adapter
+
+    shared: list[int] = []
+    real = adapter.read_decisions
+
+    def spy(result, questions):
+        shared.append(max(result.stats.documents_per_pass))
+        return real(result, questions)
+
+    monkeypatch.setattr(adapter, "read_decisions", spy)
+    states = [TICKET, "My app crashes.", "How much is the pro plan?", "I cannot log in."]
+    got = await asyncio.gather(*(model.ainvoke({"state": s, "questions": QUESTIONS}) for s in states))
+    alone = [model.invoke({"state": s, "questions": QUESTIONS}) for s in states]
+    assert max(shared) > 1  # some were decided together
+    for a, b in zip(got, alone, strict=True):
+        assert a.answers["team"].probabilities == pytest.approx(b.answers["team"].probabilities, abs=1e-5)
+
+
 def test_refusals(model):
     with pytest.raises(SchemaError, match="Question 'where': a Box question"):
         model.invoke({"state": TICKET, "questions": {"where": Box(instructions="Where is the logo?")}})
