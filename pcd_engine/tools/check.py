@@ -120,7 +120,7 @@ def _packed_vs_reference(engine: Engine, probe: dict[str, Any]) -> tuple[bool, s
             paths += 1
     tol = probe["tol"]
     ok = passes == 1 and worst <= tol
-    return ok, f"{paths} paths in {passes} pass(es), max |diff| {worst:.1e} (tolerance {tol:.0e})"
+    return ok, f"{paths} paths in {passes} pass(es), largest difference {worst:.1e} (tolerance {tol:.0e})"
 
 
 def _head_untouched(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
@@ -129,7 +129,7 @@ def _head_untouched(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     diff = float(np.abs(first - again).max())
     length_ok = state.length == len(probe["context"])
     ok = diff <= 1e-5 and length_ok
-    detail = f"second request from the same head: max |diff| {diff:.1e}; state length {state.length}"
+    detail = f"second request from the same head: largest difference {diff:.1e}; state length {state.length}"
     return ok, detail + ("" if length_ok else f" (expected {len(probe['context'])})")
 
 
@@ -138,7 +138,7 @@ def _split_passes(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     split, _, passes = probe["score"](5)
     diff = float(np.abs(one - split).max())
     tol = probe["tol"]
-    return passes > 1 and diff <= tol, f"{passes} passes of <= 5 nodes: max |diff| {diff:.1e}"
+    return passes > 1 and diff <= tol, f"{passes} passes of <= 5 nodes: largest difference {diff:.1e}"
 
 
 def compile_preset(tokenizer: TokenizerView, name: str) -> int:

@@ -233,7 +233,8 @@ def run_tag_job(
         todo = [d for d in docs if d.id not in done]
         skipped = len(docs) - len(todo)
         started = time.perf_counter()
-        bar = tqdm(total=len(docs), initial=skipped, unit="doc", file=sys.stderr, disable=quiet, dynamic_ncols=True)
+        bar = tqdm(total=len(docs), initial=skipped, unit="doc", desc="tagging", file=sys.stderr, disable=quiet,
+                   dynamic_ncols=True)  # fmt: skip
         tagged = 0
         try:
             unreadable = [d for d in todo if d.error is not None]

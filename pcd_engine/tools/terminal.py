@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 __all__ = [
     "dataset_name",
     "progress",
+    "chunk_sizes",
     "read_json",
     "read_preset",
     "read_text",
@@ -106,18 +108,22 @@ def shorten(text: str, width: int = 200) -> str:
 
 
 @contextmanager
-def progress(total: int, *, quiet: bool, unit: str = "step", delay: float = 1.0) -> Iterator[Callable[[str], None]]:
+def progress(
+    total: int, *, quiet: bool, unit: str = "step", delay: float = 1.0, sizes: Sequence[int] | None = None
+) -> Iterator[Callable[[str], None]]:
     """A tqdm bar on stderr; yields ``tick(description)``, called as each step starts, with its name.
 
-    The bar shows the step that is running: the count of finished steps and the running step's name change in
-    one refresh. A command that ends within ``delay`` seconds shows nothing; past it, the bar appears even in the
-    middle of a long first step, and its clock keeps moving (a refresh every second) while a step runs.
+    The bar shows the step that is running: the count of what is finished and the running step's name change in
+    one refresh, and it ends at ``total/total``. A command that ends within ``delay`` seconds shows nothing; past
+    it, the bar appears even in the middle of a long first step, and its clock keeps moving (a refresh every
+    second) while a step runs.
 
     Args:
-        total: The number of steps.
+        total: What the bar counts to: the number of steps, or of items (documents) when ``sizes`` is given.
         quiet: Show nothing.
-        unit: What a step is called.
+        unit: What the bar counts (a step, a document).
         delay: Seconds before the bar first appears.
+        sizes: How many items each step handles, in order (a chunk of documents); ``None``: one each.
     """
     import threading
 
@@ -134,7 +140,10 @@ def progress(total: int, *, quiet: bool, unit: str = "step", delay: float = 1.0)
         dynamic_ncols=True,
         mininterval=0,
     )
+    opened = time.monotonic()
     started = [False]
+    steps = iter(sizes) if sizes is not None else None
+    running = [0]  # the size of the step that is running
     lock = threading.Lock()
     stop = threading.Event()
 
@@ -142,10 +151,11 @@ def progress(total: int, *, quiet: bool, unit: str = "step", delay: float = 1.0)
         with lock:
             bar.set_description(description, refresh=False)
             if started[0]:
-                bar.update(1)  # refreshes with the new step's name
+                bar.update(running[0])  # refreshes with the new step's name
             elif delay <= 0:
                 bar.refresh()
             started[0] = True
+            running[0] = 1 if steps is None else next(steps, 0)
 
     def keep_showing() -> None:
         if not stop.wait(delay):
@@ -162,12 +172,20 @@ def progress(total: int, *, quiet: bool, unit: str = "step", delay: float = 1.0)
         yield tick
         if started[0]:
             with lock:
-                bar.update(1)
+                bar.update(running[0])
+                if time.monotonic() - opened >= delay:  # shown: its last frame says total/total
+                    bar.refresh()
     finally:
         stop.set()
         if clock is not None:
             clock.join()
         bar.close()
+
+
+def chunk_sizes(count: int, size: int) -> list[int]:
+    """The sizes of the chunks of ``size`` that ``count`` items are read in (the last one shorter): a bar's
+    ``sizes``."""
+    return [min(size, count - first) for first in range(0, count, max(1, size))]
 
 
 def read_text(path: str, what: str) -> str:

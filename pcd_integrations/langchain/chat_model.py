@@ -42,6 +42,7 @@ from pcd_integrations.langchain.messages import (
     SharedBatch,
     Target,
     Tools,
+    answered_calls,
     conversation_text,
     last_chunk,
     message_text,
@@ -288,7 +289,7 @@ class ChatPCD(BaseChatModel):
         options = self._call_options()
         decision = decide_tools(
             self.get_engine(), conversation_text(messages), tools.tools, choice=tools.choice, parallel=tools.parallel,
-            options=options,
+            options=options, done=answered_calls(messages),
         )  # fmt: skip
         if decision.answer:
             return None

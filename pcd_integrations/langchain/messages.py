@@ -20,6 +20,7 @@ from pcd_engine.adapters import called_text, document_text, tool_result_text
 
 __all__ = [
     "METHODS",
+    "answered_calls",
     "ROLES",
     "SharedBatch",
     "Target",
@@ -41,6 +42,14 @@ def message_text(message: BaseMessage) -> str:
     if isinstance(content, str):
         return content
     return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, (str, dict)))
+
+
+def answered_calls(messages: Sequence[BaseMessage]) -> list[tuple[str, dict[str, Any]]]:
+    """The tool calls of the conversation that a tool message answers, as ``(name, arguments)``: the calls the
+    next decision does not repeat."""
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    calls = [c for m in messages for c in getattr(m, "tool_calls", None) or []]
+    return [(c["name"], dict(c["args"])) for c in calls if c.get("id") in answered]
 
 
 def turn_text(message: BaseMessage) -> str:

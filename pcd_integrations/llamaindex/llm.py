@@ -33,12 +33,13 @@ from pcd_engine import (
     ChatMessage,
     Engine,
     ExtractOptions,
+    OptionError,
     Tool,
     decide_tools,
     stream_chat,
     surface_options,
 )
-from pcd_engine.adapters import called_text, choice_of, document_text, tool_result_text
+from pcd_engine.adapters import called_text, check_count, choice_of, document_text, tool_result_text
 from pcd_integrations._shared import read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.llamaindex.program import PCDPydanticProgram
 
@@ -81,6 +82,14 @@ def _arguments(kwargs: dict[str, Any] | str) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def _answered_calls(messages: Sequence[LIChatMessage]) -> list[tuple[str, Any]]:
+    """The tool calls of the conversation that a tool message answers, as ``(name, arguments)``: the calls the
+    next decision does not repeat."""
+    answered = {m.additional_kwargs.get("tool_call_id") for m in messages if str(m.role.value) == "tool"}
+    blocks = [b for m in messages for b in m.blocks if isinstance(b, ToolCallBlock)]
+    return [(b.tool_name, _arguments(b.tool_kwargs)) for b in blocks if b.tool_call_id in answered]
+
+
 class PCDLLM(CustomLLM, FunctionCallingLLM):
     """A local LLM on pcd's engine: free text by greedy decoding, structured predictions and tool calls decided by
     the engine.
@@ -107,6 +116,11 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         description="0 or None: greedy free text, the only kind pcd writes. Above 0, structured predictions and "
         "tool choices report their probabilities at this temperature (decisions never change); free text refuses it.",
     )
+    context_window: int | None = Field(
+        default=None,
+        description="The window LlamaIndex plans prompts with (LLMMetadata.context_window); None: the model's own. "
+        "Larger than the model's own is an OptionError when the model loads.",
+    )
     stop: list[str] | None = Field(default=None, description="Stop sequences for free text; a call's own stop wins.")
     timeout: float | None = Field(
         default=None, description="Seconds one call may take (pcd_engine.RequestTimeout when exceeded)."
@@ -127,9 +141,24 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
     _engine: Engine | None = PrivateAttr(default=None)
 
     def __init__(self, *, engine: Engine | None = None, **kwargs: Any) -> None:
+        check_count(kwargs.get("context_window"), "PCDLLM: context_window")
         super().__init__(**read_settings("PCDLLM", kwargs, type(self).model_fields, others="refuse"))
         self._engine = engine
         _ = self.extract_options  # a bad option fails here, as an OptionError
+        if engine is not None:
+            self._check_window(engine)
+
+    def _check_window(self, engine: Engine) -> None:
+        """``context_window`` against the model's own window.
+
+        Raises:
+            OptionError: If it is larger.
+        """
+        if self.context_window is not None and self.context_window > engine.backend.max_context:
+            raise OptionError(
+                f"PCDLLM: context_window: expected at most the model's window ({engine.backend.max_context} "
+                f"tokens), but got {self.context_window}."
+            )
 
     @property
     def extract_options(self) -> ExtractOptions:
@@ -148,13 +177,15 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
     def get_engine(self) -> Engine:
         """The engine, loaded on first use."""
         if self._engine is None:
-            self._engine = shared_engine(self.model, self.backend)
+            engine = shared_engine(self.model, self.backend)
+            self._check_window(engine)
+            self._engine = engine
         return self._engine
 
     @property
     def metadata(self) -> LLMMetadata:
         engine = self._engine
-        window = engine.backend.max_context if engine is not None else 8192
+        window = self.context_window or (engine.backend.max_context if engine is not None else 8192)
         return LLMMetadata(
             context_window=window,
             num_output=self.max_tokens,
@@ -183,15 +214,18 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         """The tool calls decided for ``messages`` (one response) when tools are bound and the model calls one;
         otherwise the free-text reply, one response per token."""
         tools: _ToolRequest | None = kwargs.pop("pcd_tools", None)
+        extra: dict[str, Any] = {}
         if tools is not None:
-            decided = self._tool_reply(messages, tools)
+            decided, evidence = self._tool_reply(messages, tools)
             if decided is not None:
                 return decided
+            extra = {"pcd": evidence}  # the decision to answer, with its probabilities, rides on the answer
         turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), text) for m, text in _turn_texts(messages)]
 
         def gen() -> ChatResponseGen:
             for text, delta in self._free_text(turns, **kwargs):
-                yield ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta)
+                message = LIChatMessage(role=MessageRole.ASSISTANT, content=text)
+                yield ChatResponse(message=message, delta=delta, raw=dict(extra), additional_kwargs=dict(extra))
 
         return gen()
 
@@ -202,10 +236,10 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         reply = self._reply(messages, **kwargs)
         if isinstance(reply, ChatResponse):
             return reply
-        text = ""
+        last = ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=""))
         for response in reply:
-            text = response.message.content or ""
-        return ChatResponse(message=LIChatMessage(role=MessageRole.ASSISTANT, content=text))
+            last = response
+        return ChatResponse(message=last.message, raw=last.raw, additional_kwargs=last.additional_kwargs)
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[LIChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -258,19 +292,22 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
         )
         return {"messages": messages, "pcd_tools": _ToolRequest(given, choice, allow_parallel_tool_calls), **kwargs}
 
-    def _tool_reply(self, messages: Sequence[LIChatMessage], tools: _ToolRequest) -> ChatResponse | None:
-        """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
+    def _tool_reply(
+        self, messages: Sequence[LIChatMessage], tools: _ToolRequest
+    ) -> tuple[ChatResponse | None, dict[str, Any]]:
+        """The model's tool calls, decided by the engine (``None`` when it decides to answer instead), and the
+        decision's evidence either way."""
         document = document_text([text for _m, text in _turn_texts(messages)])
         decision = decide_tools(
             self.get_engine(), document, tools.tools, choice=tools.choice, parallel=tools.parallel,
-            options=self.extract_options,
+            options=self.extract_options, done=_answered_calls(messages),
         )  # fmt: skip
-        if decision.answer:
-            return None
-        blocks = [ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in decision.calls]
         evidence = decision.evidence()
+        if decision.answer:
+            return None, evidence
+        blocks = [ToolCallBlock(tool_call_id=c.id, tool_name=c.name, tool_kwargs=c.arguments) for c in decision.calls]
         message = LIChatMessage(role=MessageRole.ASSISTANT, blocks=blocks)
-        return ChatResponse(message=message, raw={"pcd": evidence}, additional_kwargs={"pcd": evidence})
+        return ChatResponse(message=message, raw={"pcd": evidence}, additional_kwargs={"pcd": evidence}), evidence
 
     def get_tool_calls_from_response(
         self, response: ChatResponse, error_on_no_tool_call: bool = True, **kwargs: Any

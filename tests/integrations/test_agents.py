@@ -10,6 +10,7 @@ adapters, the engine's prompts, tries, packing, scoring and generation.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Literal
 
 import pytest
@@ -60,7 +61,8 @@ def test_tool_choice_equals_brute_force(smol_tokenizer, choice):
     tools = [STATUS, REFUND, PING]
     for salt in ("a", "b", "c"):
         lm = OracleLM(len(smol_tokenizer), salt=salt)
-        decision = decide_tools(Engine(OracleBackend(smol_tokenizer, lm)), ORDER, tools, choice=choice)
+        engine = Engine(OracleBackend(smol_tokenizer, lm), correction="none")  # brute force reads the model's own
+        decision = decide_tools(engine, ORDER, tools, choice=choice)
         winner, probs = _brute_force(lm, smol_tokenizer, ORDER, choice_schema(tools, choice=choice))
         assert decision.choice is not None and decision.choice.method == "marginal"
         assert decision.choice.value == winner
@@ -78,7 +80,7 @@ def test_auto_answers_when_answer_wins_and_calls_when_a_tool_wins(smol_tokenizer
     seen = set()
     for salt in range(12):
         lm = OracleLM(len(smol_tokenizer), salt=str(salt))
-        engine = Engine(OracleBackend(smol_tokenizer, lm))
+        engine = Engine(OracleBackend(smol_tokenizer, lm), correction="none")
         winner, _ = _brute_force(lm, smol_tokenizer, ORDER, choice_schema(tools, choice="auto"))
         decision = decide_tools(engine, ORDER, tools, choice="auto")
         assert decision.answer == (winner == ANSWER)
@@ -241,7 +243,134 @@ def test_llamaindex_function_calling_api(smol_tokenizer):
     answered = llm.chat_with_tools(tools, chat_history=history)
     assert not answered.message.blocks or not any(isinstance(b, ToolCallBlock) for b in answered.message.blocks)
     assert llm.get_tool_calls_from_response(answered, error_on_no_tool_call=False) == []
+    choice = answered.additional_kwargs["pcd"]["tool_choice"]  # the decision to answer keeps its evidence
+    assert choice["value"] == "answer" and {a[0] for a in choice["alternatives"]} >= {"answer", "get_order_status"}
     with pytest.raises(ValueError, match="expected a tool call"):
         llm.get_tool_calls_from_response(answered)
     with pytest.raises(ValueError, match="tool_choice: expected"):
         llm.chat_with_tools(tools, user_msg=ORDER, tool_choice="search")
+
+
+# ------------------------------------------------------------------------------------------ loops that end
+
+
+def test_a_call_already_answered_is_not_made_again(smol_tokenizer):
+    """A model that wants the same call again after its result is in the conversation (the scripted one wants
+    get_order_status at every turn) is passed over for the next option: under auto, answering."""
+    engine = order_status_engine(smol_tokenizer, "get_order_status")
+    after = f'{ORDER}\n\nCalled get_order_status({{"order_id": "5521"}})\n\nTool result (get_order_status): shipped'
+    again = decide_tools(engine, after, [STATUS, REFUND], choice="auto")
+    assert [c.name for c in again.calls] == ["get_order_status"]  # nothing said it was answered: the model's call
+    moved_on = decide_tools(
+        engine, after, [STATUS, REFUND], choice="auto", done=[("get_order_status", {"order_id": "5521"})]
+    )
+    assert moved_on.choice.value == "get_order_status" and moved_on.passed_over == ("get_order_status",)
+    ranked = sorted(moved_on.choice.alternatives, key=lambda a: -a.probability)
+    following = next(a.value for a in ranked if a.value != "get_order_status")
+    assert [c.name for c in moved_on.calls] == ([] if following == ANSWER else [following])
+    assert moved_on.evidence()["passed_over"] == ["get_order_status"]
+    other = decide_tools(engine, after, [STATUS, REFUND], choice="auto", done=[("get_order_status", {"order_id": "1"})])
+    assert [c.name for c in other.calls] == ["get_order_status"]  # other arguments: a new call
+    forced = decide_tools(engine, after, [STATUS], choice="required", done=[("get_order_status", {"order_id": "5521"})])
+    assert [c.name for c in forced.calls] == ["get_order_status"]  # required, and nothing else to call
+
+
+def test_the_tool_choice_is_corrected_like_any_closed_field(smol_tokenizer):
+    """The choice divides the content-free lean out by default (it is one closed field), and keeps the model's own
+    reading when told."""
+    engine = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer), salt="lean")))
+    corrected = decide_tools(engine, ORDER, [STATUS, REFUND], choice="auto")
+    own = decide_tools(engine, ORDER, [STATUS, REFUND], choice="auto", options={"correction": "none"})
+    assert corrected.choice.correction == "content_free" and own.choice.correction is None
+    assert corrected.choice.raw_distribution == pytest.approx(own.choice.label_distribution, abs=1e-9)
+
+
+@pytest.mark.real_model
+def test_langchain_agent_with_two_tools_ends_on_the_embedded_model(default_engine):
+    from langchain.agents import create_agent
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    from pcd_integrations.langchain import ChatPCD
+
+    @tool
+    def get_order_status(order_id: str) -> str:
+        """Look up the shipping status of an order by its number."""
+        return f"Order {order_id} shipped on Monday and arrives Friday."
+
+    @tool
+    def refund(order_id: str) -> str:
+        """Refund an order by its number."""
+        return f"Refund for order {order_id} issued."
+
+    agent = create_agent(ChatPCD(engine=default_engine, max_tokens=16), tools=[get_order_status, refund])
+    for ask in (ORDER, "Please refund order 5521, it arrived broken."):
+        out = agent.invoke({"messages": [("user", ask)]}, {"recursion_limit": 8})  # at most 3 model turns
+        made = [(c["name"], json.dumps(c["args"], sort_keys=True)) for m in out["messages"] for c in
+                getattr(m, "tool_calls", None) or []]  # fmt: skip
+        assert len(made) == len(set(made)) <= 2  # no call twice
+        assert isinstance(out["messages"][-1], AIMessage) and not out["messages"][-1].tool_calls
+
+
+@pytest.mark.real_model
+def test_llamaindex_function_agent_ends_on_the_embedded_model(default_engine):
+    pytest.importorskip("llama_index.core")
+    from llama_index.core.agent.workflow import FunctionAgent
+    from llama_index.core.tools import FunctionTool
+
+    from pcd_integrations.llamaindex import PCDLLM
+
+    made: list[tuple[str, str]] = []
+
+    def get_order_status(order_id: str) -> str:
+        """Look up the shipping status of an order by its number."""
+        made.append(("get_order_status", order_id))
+        return f"Order {order_id} shipped on Monday and arrives Friday."
+
+    def refund(order_id: str) -> str:
+        """Refund an order by its number."""
+        made.append(("refund", order_id))
+        return f"Refund for order {order_id} issued."
+
+    tools = [FunctionTool.from_defaults(get_order_status), FunctionTool.from_defaults(refund)]
+    agent = FunctionAgent(tools=tools, llm=PCDLLM(engine=default_engine, max_tokens=16))
+
+    async def run() -> Any:
+        return await agent.run(user_msg=ORDER, max_iterations=4)  # raises if the loop does not end in 4 steps
+
+    out = asyncio.run(run())
+    assert len(made) == len(set(made)) <= 2
+    assert out.response.content is not None
+
+
+def test_the_servers_next_auto_turn_after_a_tool_result_moves_on(smol_tokenizer):
+    """pcd serve reads which calls the conversation answered: the next ``auto`` turn answers or calls something
+    new, even for a model that wants the same call again (the scripted one always wants get_order_status)."""
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from pcd_engine.tools.serve import create_app
+
+    app = create_app(order_status_engine(smol_tokenizer, "get_order_status"), model_name="m")
+    functions = [
+        {"name": t.name, "description": t.description, "parameters": dict(t.parameters)} for t in (STATUS, REFUND)
+    ]
+    tools = [{"type": "function", "function": f} for f in functions]
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_order_status", "arguments": '{"order_id": "5521"}'}}  # fmt: skip
+    messages = [
+        {"role": "user", "content": ORDER},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "Order 5521 shipped on Monday."},
+    ]
+    with TestClient(app, base_url="http://localhost") as client:
+        for parallel in (True, False):
+            body = {"model": "m", "messages": messages, "tools": tools, "tool_choice": "auto", "max_tokens": 16,
+                    "parallel_tool_calls": parallel}  # fmt: skip
+            reply = client.post("/v1/chat/completions", json=body).json()
+            message = reply["choices"][0]["message"]
+            repeated = [c for c in message.get("tool_calls") or [] if c["function"]["name"] == "get_order_status"
+                        and json.loads(c["function"]["arguments"]) == {"order_id": "5521"}]  # fmt: skip
+            assert not repeated
+            if not parallel:  # one choice: the model's first option was passed over for its next
+                assert reply["pcd"]["passed_over"] == ["get_order_status"]

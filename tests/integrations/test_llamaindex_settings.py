@@ -136,3 +136,13 @@ def test_extractor_takes_settings_llm_and_refuses_another_llm(tiny_engine, monke
         PCDMetadataExtractor(Tags, llm=MockLLM())
     with pytest.raises(OptionError, match="unknown option"):
         PCDMetadataExtractor(Tags, engine=tiny_engine, options={"temprature": 1.0})
+
+
+def test_context_window_is_taken_and_checked_against_the_models_window(tiny_engine):
+    window = tiny_engine.backend.max_context
+    assert PCDLLM(engine=tiny_engine).metadata.context_window == window
+    assert PCDLLM(engine=tiny_engine, context_window=1024).metadata.context_window == 1024
+    with pytest.raises(OptionError, match=f"context_window: expected at most the model's window \\({window} tokens"):
+        PCDLLM(engine=tiny_engine, context_window=window + 1)
+    with pytest.raises(OptionError, match="context_window"):
+        PCDLLM(context_window=0)

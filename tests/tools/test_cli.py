@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -145,9 +146,15 @@ def test_check_on_mlx(capsys, tiny):
 # ------------------------------------------------------------------------------------------------ run
 
 
+def test_run_takes_the_old_positional_preset_with_a_deprecation_note(capsys, tiny):
+    code, out, err = run(capsys, "run", tiny, "support_triage", "--backend", "torch", "-q")
+    assert code == 0 and "forward passes" in out
+    assert "PRESET as a positional argument is deprecated; use --preset PRESET" in err
+
+
 def test_run_preset_prints_every_field(capsys, tiny):
-    code, out, _ = run(capsys, "run", tiny, "support_triage", "--backend", "torch", "-q")
-    assert code == 0
+    code, out, err = run(capsys, "run", tiny, "--preset", "support_triage", "--backend", "torch", "-q")
+    assert code == 0 and not err
     rows = table_rows(out, "field")
     preset = example_preset("support_triage")
     assert [r[0] for r in rows] == [f.name for f in preset.schema.fields]
@@ -198,9 +205,10 @@ def test_errors_are_one_line_with_a_nonzero_exit(capsys, tiny, tmp_path):
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps(TICKET_SCHEMA))
     cases = [
-        (("run", "no-such-model", "support_triage", "-q"), ("no-such-model", "alias")),
-        (("run", tiny, str(tmp_path / "missing.json"), "-q"), ("missing.json", "does not exist")),
-        (("run", tiny, str(bad), "-q"), ("bad.json", "bad JSON", "line 1")),
+        (("run", "no-such-model", "--preset", "support_triage", "-q"), ("no-such-model", "alias")),
+        (("run", tiny, "--preset", str(tmp_path / "missing.json"), "-q"), ("missing.json", "does not exist")),
+        (("run", tiny, "--preset", str(bad), "-q"), ("bad.json", "bad JSON", "line 1")),
+        (("run", tiny, "support_triage", "--preset", "support_triage", "-q"), ("one preset",)),
         (("run", tiny, "--schema", str(unsupported), "--text", TEXT, "-q"), ("summary",)),
         (("run", tiny, "--schema", str(schema), "-q"), ("--context",)),
         (("run", tiny, "--schema", str(schema), "--text", "   ", "-q"), ("Context",)),
@@ -243,7 +251,7 @@ def test_missing_backend_is_one_line(capsys, tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlx", None)
     monkeypatch.setitem(sys.modules, "mlx.core", None)
     monkeypatch.setitem(sys.modules, "mlx_lm", None)
-    code, _, err = run(capsys, "run", tiny, "support_triage", "--backend", "mlx", "-q")
+    code, _, err = run(capsys, "run", tiny, "--preset", "support_triage", "--backend", "mlx", "-q")
     assert_one_line_error(code, err, "mlx")
 
 
@@ -263,7 +271,10 @@ def test_console_script_end_to_end(tmp_path):
     ok = subprocess.run([str(script), "models"], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and "smollm2-135m" in ok.stdout
     bad = subprocess.run(
-        [str(script), "run", "default", str(tmp_path / "nope.json")], capture_output=True, text=True, timeout=120
+        [str(script), "run", "default", "--preset", str(tmp_path / "nope.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode == 1
     assert bad.stderr.count("\n") == 1 and "Traceback" not in bad.stderr and "nope.json" in bad.stderr
@@ -283,6 +294,10 @@ def test_bench_against_both_baselines(capsys, tiny, tmp_path):
         assert f"| {column} |" in header
     rows = table_rows(out, "preset")
     assert [r[0] for r in rows] == ["support_triage", "catalogue_255"]
+    lines = out.splitlines()
+    early = [i for i, line in enumerate(lines) if re.match(r"\w+: pcd \d+ ms in \d+ passes; ar \d+ ms", line)]
+    assert [lines[i].split(":")[0] for i in early] == ["support_triage", "catalogue_255"]  # each as it finished
+    assert early[-1] < next(i for i, line in enumerate(lines) if line.startswith("| preset "))
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads(raw.read_text())
     for row in data["rows"]:
@@ -370,8 +385,9 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
     assert_one_line_error(code, err, "--field", "tone")
 
 
-def test_eval_progress_has_one_step_per_chunk_it_decides(capsys, tiny, tmp_path, monkeypatch):
-    """The bar's total is the number of chunks evaluate ticks (not of documents), each named by its documents."""
+def test_eval_progress_counts_documents_a_chunk_at_a_time(capsys, tiny, tmp_path, monkeypatch):
+    """The bar counts documents (its total is theirs), advancing by each chunk evaluate decides, each chunk named
+    by its documents."""
     from contextlib import contextmanager
 
     import pcd_engine.tools.eval as evaluation
@@ -383,7 +399,7 @@ def test_eval_progress_has_one_step_per_chunk_it_decides(capsys, tiny, tmp_path,
 
     @contextmanager
     def recording(total, **options):
-        seen["total"] = total
+        seen["total"], seen["sizes"] = total, options.get("sizes")
         with real(total, **options) as tick:
             yield lambda name: (seen["ticks"].append(name), tick(name))
 
@@ -392,7 +408,20 @@ def test_eval_progress_has_one_step_per_chunk_it_decides(capsys, tiny, tmp_path,
     code, out, _ = run(capsys, "eval", tiny, str(data), "--field", "topic", "--backend", "torch", "-q")
     assert code == 0, out
     assert seen["ticks"] == ["documents 1-8/18", "documents 9-16/18", "documents 17-18/18"]
-    assert seen["total"] == 3
+    assert seen["total"] == 18 and seen["sizes"] == [8, 8, 2]
+
+
+def test_a_bar_of_chunks_counts_their_documents_and_ends_at_all_of_them(capsys):
+    import re
+
+    from pcd_engine.tools.terminal import chunk_sizes, progress
+
+    assert chunk_sizes(10, 64) == [10] and chunk_sizes(130, 64) == [64, 64, 2] and chunk_sizes(0, 8) == []
+    with progress(10, quiet=False, delay=0, unit="doc", sizes=chunk_sizes(10, 4)) as tick:
+        for name in ("documents 1-4/10", "documents 5-8/10", "documents 9-10/10"):
+            tick(name)
+    counts = [int(m) for m in re.findall(r"\b(\d+)/10 \[", capsys.readouterr().err)]
+    assert counts and counts[-1] == 10 and set(counts) <= {0, 4, 8, 10}
 
 
 def test_eval_corrections_are_methods_equal_to_extract_many_with_each(capsys, tiny, tmp_path):
@@ -444,10 +473,23 @@ def test_serve_builds_the_app_and_runs_uvicorn_on_loopback(capsys, tiny, monkeyp
     spec = seen["app"].openapi()
     paths = set(spec["paths"])
     assert {"/", "/api/extract", "/api/presets", "/api/baseline", "/v1/models", "/v1/chat/completions"} <= paths
-    assert {"/v1/completions", "/v1/responses"} <= paths
-    for path, field in [("/v1/chat/completions", "tools"), ("/v1/responses", "input"), ("/api/extract", "context")]:
+    assert {"/v1/completions", "/v1/responses", "/v1/decisions", "/v1/systemone"} <= paths
+    documented = [("/v1/chat/completions", "tools"), ("/v1/responses", "input"), ("/api/extract", "context"),
+                  ("/v1/decisions", "questions"), ("/v1/systemone", "state")]  # fmt: skip
+    for path, field in documented:
         body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
         assert field in body["properties"]  # /docs documents the body each route validates
+
+
+def test_a_served_model_answers_to_every_name_pcd_models_lists_for_it():
+    from pcd_engine.models.resolve import model_names
+
+    assert model_names("default", "/cache/smollm2") == ("default", "smollm2-135m", "/cache/smollm2")
+    assert model_names("smollm2-135m", "/cache/smollm2") == ("smollm2-135m", "/cache/smollm2")
+    assert model_names("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-1.5B-Instruct") == (
+        "Qwen/Qwen2.5-1.5B-Instruct", "qwen2.5-1.5b")  # fmt: skip
+    assert model_names("qwen3-0.6b", "mlx-community/Qwen3-0.6B-4bit") == ("qwen3-0.6b", "mlx-community/Qwen3-0.6B-4bit")
+    assert model_names("/models/mine", "/models/mine") == ("/models/mine",)
 
 
 def test_serve_takes_an_api_key_and_warns_on_an_open_public_address(capsys, tiny, monkeypatch):

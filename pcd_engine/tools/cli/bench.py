@@ -31,6 +31,12 @@ def add(sub: Any) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+def _measured(row: Any) -> None:
+    """A preset's figures as soon as they are measured, on one line (the table follows when every preset is done)."""
+    others = "".join(f"; {b.method} {b.ms:.0f} ms ({b.speedup:.1f}x slower)" for b in row.baselines)
+    print(f"{row.preset}: pcd {row.pcd_ms:.0f} ms in {row.passes} passes{others}", flush=True)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pcd_engine.tools.bench import bench_presets
     from pcd_engine.tools.comparators import parse_against
@@ -40,7 +46,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     engine = common.load_engine(args)
     steps = len(presets) * (1 + len(against) + ("ar" in against))
     with progress(steps, quiet=args.quiet) as tick:
-        rows = bench_presets(engine, presets, against=against, repeats=args.repeats, progress=tick)
+        rows = bench_presets(engine, presets, against=against, repeats=args.repeats, progress=tick, on_row=_measured)
+    print()
     print(f"model: {args.model}; {common.describe(engine)}; medians of {args.repeats}")
     print(versions() + "\n")
     head = ["preset", "fields", "pcd ms", "passes", "nodes (saved)", "pcd 1-wave ms", "unstaged ms", "no drafts ms"]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pcd_engine.calibrate.calibrator import CALIBRATION_METHODS
 from pcd_engine.tools.cli import common
-from pcd_engine.tools.terminal import progress, show_table
+from pcd_engine.tools.terminal import chunk_sizes, progress, show_table
 
 if TYPE_CHECKING:
     pass
@@ -40,7 +40,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     docs = read_corpus(args.input, text_column=args.text_column, limit=args.limit)
     options = common.extract_options(args)
     engine = common.load_engine(args)
-    with progress(-(-len(docs) // FIT_CHUNK), quiet=args.quiet, unit="chunk") as tick:
+    with progress(len(docs), quiet=args.quiet, unit="doc", sizes=chunk_sizes(len(docs), FIT_CHUNK)) as tick:
         cal = Calibrator.fit(engine, [d.text for d in docs], schema, method=args.method, options=options, progress=tick)
     path = cal.save(args.output)
     if args.json:

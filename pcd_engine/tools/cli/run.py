@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import OptionError
@@ -21,8 +22,9 @@ __all__ = ["add", "cmd_run"]
 def add(sub: Any) -> None:
     p = sub.add_parser("run", help="fill in a schema from a text and print values with probabilities")
     common.with_model(p)
-    p.add_argument("preset", nargs="?", metavar="PRESET", help="example preset name or preset .json file")
-    p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict (instead of PRESET)")
+    p.add_argument("positional_preset", nargs="?", metavar="PRESET", help="deprecated: use --preset PRESET")
+    p.add_argument("--preset", metavar="PRESET", help="example preset name or preset .json file (instead of --schema)")
+    p.add_argument("--schema", metavar="S.json", help="JSON Schema or preset dict (instead of --preset)")
     p.add_argument("--context", metavar="C.txt", help="the text to read ('-' for stdin)")
     p.add_argument("--text", help="the text itself")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
@@ -31,8 +33,16 @@ def add(sub: Any) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.positional_preset is not None:
+        if args.preset is not None:
+            raise OptionError(
+                f"pcd run: expected one preset, but got {args.positional_preset!r} and --preset {args.preset!r}."
+            )
+        print("pcd run: note: PRESET as a positional argument is deprecated; use --preset PRESET, as pcd tag, "
+              "calibrate and fit take it.", file=sys.stderr)  # fmt: skip
+        args.preset = args.positional_preset
     if args.preset and args.schema:
-        raise OptionError("pcd run: expected either PRESET or --schema, but got both.")
+        raise OptionError("pcd run: expected either --preset or --schema, but got both.")
     if args.preset:
         _, preset = read_preset(args.preset)
         schema, text = preset.schema, preset.context
@@ -41,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         schema, text = compile_schema(read_json(args.schema, "Schema")), None
     else:
-        raise OptionError("pcd run: expected PRESET or --schema S.json, but got neither.")
+        raise OptionError("pcd run: expected --preset PRESET or --schema S.json, but got neither.")
     if args.context is not None:
         text = read_text(args.context, "Context")
     elif args.text is not None:

@@ -101,9 +101,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     engine = common.load_engine(args)
-    from pcd_engine.models.resolve import resolve_model
+    from pcd_engine.models.resolve import model_names, resolve_model
 
     given = None if args.model in ("default", DEFAULT_MODEL) else args.model
+    resolved = resolve_model(given, backend=engine.backend.name, dtype=args.dtype)
     app = create_app(
         engine,
         model_name=args.name or args.model,
@@ -112,7 +113,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         host=args.host,
         allowed_hosts=args.allow_host,
-        aliases=[args.model, resolve_model(given, backend=engine.backend.name, dtype=args.dtype)],
+        aliases=model_names(args.model, resolved),  # every name `pcd models` lists for it
         api_key=api_key,
         cors_origins=args.cors_origin,
         batch_window_ms=None if args.batch_window < 0 else args.batch_window,

@@ -14,7 +14,7 @@ from pcd_engine.errors import OptionError, check_count, pip_install
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import ExtractOptions, check_batch_size
 from pcd_engine.tools.cli import common
-from pcd_engine.tools.terminal import progress, read_json, read_preset
+from pcd_engine.tools.terminal import chunk_sizes, progress, read_json, read_preset
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -157,7 +157,7 @@ def _tag_calibration(
     engine = common.load_engine(args)
     if not args.quiet:
         print(f"pcd tag: calibrating on {len(sample)} documents of the corpus first", file=sys.stderr)
-    with progress(-(-len(sample) // FIT_CHUNK), quiet=args.quiet, unit="chunk") as tick:
+    with progress(len(sample), quiet=args.quiet, unit="doc", sizes=chunk_sizes(len(sample), FIT_CHUNK)) as tick:
         cal = Calibrator.fit(
             engine, [d.text for d in sample], schema, method=args.calibrate_method, options=options,
             batch_size=args.batch_size, progress=tick,

@@ -35,6 +35,7 @@ from pcd_engine.tools.serve.server import Server
 
 __all__ = [
     "Answer",
+    "answered_calls",
     "Ask",
     "Call",
     "read_request",
@@ -82,6 +83,8 @@ class Ask:
         format: What the answer is when no tool is called.
         schema: The JSON Schema of a ``json_schema`` answer.
         stop: Stop strings of free text.
+        done: The tool calls already made and answered in the conversation (:func:`answered_calls`), which the
+            tool decision does not repeat.
         params: The route's names of its fields (``tool_choice``, ``format``, ``tools``), for error messages.
     """
 
@@ -94,6 +97,7 @@ class Ask:
     format: Format = "text"
     schema: dict[str, Any] | None = None
     stop: list[str] = field(default_factory=list)
+    done: list[tuple[str, Any]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
 
     def param(self, name: str) -> str:
@@ -131,9 +135,10 @@ class Answer:
     pcd: dict[str, Any] | None
 
 
-async def respond(server: Server, request: Request, ask: Ask) -> Answer:
+async def respond(server: Server, request: Request, ask: Ask, *, chosen: Answer | None = None) -> Answer:
     """The answer in ``ask.format`` (tools aside: see :func:`decide`): a scored JSON Schema, a JSON object under
-    a grammar, or free text.
+    a grammar, or free text; ``chosen``, :func:`decide`'s decision to answer, puts the tool choice's evidence in
+    the answer's ``pcd``.
 
     A ``json_object`` request whose system (or developer) turns carry a JSON Schema, as instructor's
     ``Mode.JSON`` sends it, is answered as that schema (see :func:`schema_in_prompt`); the evidence then says
@@ -142,6 +147,13 @@ async def respond(server: Server, request: Request, ask: Ask) -> Answer:
     Raises:
         HTTPError: 400 for a schema pcd cannot honour.
     """
+    answer = await _respond(server, request, ask)
+    if chosen is not None and chosen.pcd:
+        return replace(answer, pcd={**(answer.pcd or {}), **chosen.pcd})
+    return answer
+
+
+async def _respond(server: Server, request: Request, ask: Ask) -> Answer:
     if ask.format == "json_schema":
         return await _scored(server, request, ask)
     found = schema_in_prompt(ask.messages) if ask.format == "json_object" else None
@@ -176,7 +188,8 @@ def text_chunks(server: Server, ask: Ask) -> Iterator[TextChunk]:
 
 
 async def decide(server: Server, request: Request, ask: Ask) -> Answer | None:
-    """The tool calls the engine decides on, or ``None`` when the model answers (or there are no tools).
+    """The tool calls the engine decides on; when it decides to answer, an answer without calls that carries the
+    decision's evidence (for :func:`respond`'s ``chosen``); ``None`` without tools.
 
     Raises:
         HTTPError: 400 for a tool choice that names no tool, or tool parameters pcd cannot fill.
@@ -192,12 +205,12 @@ async def decide(server: Server, request: Request, ask: Ask) -> Answer | None:
     try:
         decision: ToolDecision = await server.run_engine(
             request, decide_tools, server.engine, document, ask.tools, choice=choice, parallel=parallel,
-            options=ask.options, limits=server.limits,
+            options=ask.options, done=ask.done, limits=server.limits,
         )  # fmt: skip
     except SchemaError as exc:
         raise HTTPError(400, "unsupported_schema", str(exc), param=ask.param("tools")) from None
     if decision.answer:
-        return None
+        return Answer(None, (), "stop", 0, 0, decision.evidence())
     calls = tuple(Call(c.id, c.name, json.dumps(c.arguments, ensure_ascii=False)) for c in decision.calls)
     results = [c.result for c in decision.calls if c.result is not None]
     prompt = max((r.stats.prompt_tokens for r in results), default=0)
@@ -329,6 +342,19 @@ def chat_messages(raw: Any, *, param: str = "messages") -> list[ChatMessage]:
             content = tool_result_text(names.get(call_id) or str(m.get("name") or call_id or "tool"), content)
         out.append(ChatMessage(ROLES[role], content))
     return out
+
+
+def answered_calls(raw: Any) -> list[tuple[str, Any]]:
+    """The tool calls of Chat Completions messages that a tool message answers, as ``(name, arguments)``."""
+    if not isinstance(raw, list):
+        return []
+    answered = {m.get("tool_call_id") for m in raw if isinstance(m, dict) and m.get("role") == "tool"}
+    calls = [c for m in raw if isinstance(m, dict) for c in m.get("tool_calls") or [] if isinstance(c, dict)]
+    return [
+        (str((c.get("function") or {}).get("name")), _arguments((c.get("function") or {}).get("arguments")))
+        for c in calls
+        if c.get("id") in answered
+    ]
 
 
 TEXT_PARTS = ("text", "input_text", "output_text")

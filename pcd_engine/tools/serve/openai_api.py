@@ -36,6 +36,7 @@ from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
+    answered_calls,
     chat_messages,
     check_temperature,
     decide,
@@ -69,9 +70,10 @@ def openai_router(server: Server) -> APIRouter:
         body = await read_request(server, request, ChatCompletionRequest)
         ask = _ask(server, body)
         decided = await decide(server, request, ask)
-        if decided is None and body.stream and ask.format == "text":
+        calls = decided if decided is not None and decided.calls else None
+        if calls is None and body.stream and ask.format == "text":
             return await _text_stream(server, body, ask)
-        return _chat_reply(server, body, decided or await respond(server, request, ask))
+        return _chat_reply(server, body, calls or await respond(server, request, ask, chosen=decided))
 
     @router.post("/v1/completions", openapi_extra=documented(CompletionRequest))
     async def completions(request: Request) -> Any:
@@ -186,6 +188,7 @@ def _ask(server: Server, body: ChatCompletionRequest) -> Ask:
         schema=schema,
         stop=stops(body.stop),
         params={"format": "response_format"},
+        done=answered_calls(body.messages),
     )
 
 

@@ -27,6 +27,7 @@ from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
+    answered_calls,
     chat_messages,
     decide,
     extract_options,
@@ -52,9 +53,10 @@ def responses_router(server: Server) -> APIRouter:
         body = await read_request(server, request, ResponsesRequest)
         ask = _ask(server, body)
         decided = await decide(server, request, ask)
-        if decided is None and body.stream and ask.format == "text":
+        calls = decided if decided is not None and decided.calls else None
+        if calls is None and body.stream and ask.format == "text":
             return await _text_stream(server, body, ask)
-        response = _response(server, body, decided or await respond(server, request, ask))
+        response = _response(server, body, calls or await respond(server, request, ask, chosen=decided))
         if body.stream:
             return StreamingResponse(_events(response), media_type="text/event-stream")
         return JSONResponse(response)
@@ -95,6 +97,7 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
         format=kind,
         schema=fmt.get("schema") if kind == "json_schema" else None,
         params={"format": "text.format"},
+        done=answered_calls(turns),
     )
 
 
