@@ -180,3 +180,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         groups[item.nodeid] = marker.args[0] if marker.args else marker.kwargs.get("name", "default")
     rank = {group: n for n, group in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(groups[item.nodeid], len(rank)))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Print what tests recorded as their ``summary`` property (the README test's count of blocks run and skipped),
+    from whichever worker ran them."""
+    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+        for name, value in getattr(report, "user_properties", []):
+            if name == "summary" and report.when == "call":
+                terminalreporter.write_line(str(value))
