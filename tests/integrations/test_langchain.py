@@ -344,6 +344,16 @@ class TestChatPCDStandardIntegration(PCDCapabilities, ChatModelIntegrationTests)
 
         return str(default_model_path())  # the same weights named by folder: a second engine, loaded by name
 
+    @pytest.mark.xfail(
+        strict=False,
+        reason="the embedded 135M model, its tool-choice lean divided out as for any closed field (issue 48), "
+        "answers 'What is the weather in San Francisco, CA?' with one undescribed get_weather tool instead of "
+        "calling it (answer 0.76); langchain-tests' own advice for a model that does not call tools consistently. "
+        "The agent loops that matter end: tests/integrations/test_agents.py",
+    )
+    def test_agent_loop(self, model) -> None:
+        super().test_agent_loop(model)
+
 
 @pytest.mark.real_model
 def test_pydantic_v1_schema(llm):
