@@ -255,7 +255,8 @@ def decide_tools(
         return ToolDecision((_call(engine, text, by_name[choice], options, extract),), None)
     if choice == "required" and len(tools) == 1 and not parallel:
         return ToolDecision((_call(engine, text, tools[0], options, extract),), None)
-    decided = engine.extract(text, choice_schema(tools, choice=choice, parallel=parallel), options, **extract)
+    question = choice_schema(tools, choice=choice, parallel=parallel)
+    decided = engine.extract(text, question, options, **extract)
     evidence = decided.fields["tools" if parallel else "next"]
     made = {_call_key(name, arguments) for name, arguments in done}
     if parallel:
@@ -264,7 +265,7 @@ def decide_tools(
         if not fresh and calls and choice == "required":
             fresh = (calls[0],)
         return ToolDecision(fresh, evidence, tuple(c.name for c in calls if c not in fresh))
-    labels = list(choice_schema(tools, choice=choice)["properties"]["next"]["enum"])
+    labels = list(question["properties"]["next"]["enum"])
     probabilities = evidence.label_distribution or tuple(1.0 if v == evidence.value else 0.0 for v in labels)
     ranked = [v for _, v in sorted(zip(probabilities, labels, strict=True), key=lambda pv: -pv[0])]
     ranked.remove(evidence.value)

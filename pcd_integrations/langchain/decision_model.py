@@ -175,7 +175,7 @@ class PCDDecisionModel(BaseDecisionModel):
         texts: list[Any] = []
         for state in states:
             try:
-                texts.append(check_text(state_text(plain_state(state)), where="state"))
+                texts.append(_state_text(state))
             except (ValueError, TypeError) as exc:  # no text, media, not JSON: this state fails alone
                 texts.append(exc)
         readable = [t for t in texts if not isinstance(t, Exception)]
@@ -197,7 +197,7 @@ class PCDDecisionModel(BaseDecisionModel):
         import asyncio
 
         asked = engine_questions(questions)
-        text = check_text(state_text(plain_state(state)), where="state")
+        text = _state_text(state)
         engine = self.get_engine()
         future = engine.collector().submit(text, questions_schema(asked), self.call_options())
         return self._response(read_decisions(await asyncio.wrap_future(future), asked), questions)
@@ -258,23 +258,34 @@ class _SharedBatch:
         return hit if hit is not None else self._model.decide([state], questions)[0]
 
     def _decide_all(self) -> dict[Any, Decisions | Exception]:
-        groups: dict[Any, list[Any]] = {}
+        groups: dict[Any, list[Any]] = {}  # the readable requests by their questions, keyed as answer() looks up
         for request in self._inputs:
             key = _key(request.get("state"), request.get("questions") or {}) if isinstance(request, Mapping) else None
             if key is not None:
-                groups.setdefault(key[1], []).append((key, request))
+                groups.setdefault(key[1], []).append(key)
+        model = self._model
         out: dict[Any, Decisions | Exception] = {}
-        for members in groups.values():
-            states = [request["state"] for _, request in members]
-            decided = self._model.decide(states, members[0][1]["questions"])
-            out.update({key: d for (key, _), d in zip(members, decided, strict=True)})
+        for asked, keys in groups.items():
+            decided = decide_questions(model.get_engine(), [text for text, _ in keys], dict(asked),
+                                       options=model.call_options(), return_exceptions=True)  # fmt: skip
+            out.update(zip(keys, decided, strict=True))
         return out
+
+
+def _state_text(state: Any) -> str:
+    """The text a state is decided on (:func:`pcd_engine.state_text`, LangChain messages read as OpenAI-style
+    ones), checked to hold some.
+
+    Raises:
+        ContextError: If it holds media or no text, or is not JSON.
+    """
+    return check_text(state_text(plain_state(state)), where="state")
 
 
 def _key(state: Any, questions: Mapping[str, Any]) -> Any:
     """``(state text, questions)`` identifying a request in a batch; ``None`` for one that cannot be read (it is
     decided alone, and fails alone)."""
     try:
-        return state_text(plain_state(state)), tuple(engine_questions(questions).items())
+        return _state_text(state), tuple(engine_questions(questions).items())
     except (ValueError, TypeError):
         return None
