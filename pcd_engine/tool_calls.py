@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
-from pcd_engine.result import ExtractionResult, FieldResult
+from pcd_engine.result import Alternative, ExtractionResult, FieldResult
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -30,10 +30,12 @@ __all__ = [
     "ToolCall",
     "ToolDecision",
     "call_id",
+    "as_read",
     "called_text",
     "choice_of",
     "choice_schema",
     "decide_tools",
+    "leans_to_calling",
     "tool_result_text",
 ]
 
@@ -232,9 +234,12 @@ def decide_tools(
         tools: The tools.
         choice: ``"auto"``, ``"required"`` (``"any"`` is accepted too), ``"none"``, or a tool's name (forced).
         parallel: Let the model call several tools at once.
-        options: Extraction options for every call. The choice of tool is a closed field like any other: the
-            engine's default correction divides the model's content-free lean out of it (a tiny model leans to
-            calling the first tool listed, even on a greeting), unless a ``correction`` is named.
+        options: Extraction options for every call. The choice of tool is a closed field like any other, with
+            one difference under the engine's default correction (:func:`leans_to_calling`): the model's
+            content-free lean is divided out of the choice only when, asked nothing, the model would call a tool
+            (a tiny model calls the first tool listed even on a greeting); a model that would answer there keeps
+            its own choice, since answering is the right reply to a content-free turn, not a lean. A
+            ``correction`` (or calibration, or head) named in the options decides as named.
         done: The calls already made whose results are in the conversation, as ``(name, arguments)``.
         **extract: Passed to every :meth:`~pcd_engine.Engine.extract` call (``limits``, ``cancelled``).
 
@@ -266,6 +271,8 @@ def decide_tools(
             fresh = (calls[0],)
         return ToolDecision(fresh, evidence, tuple(c.name for c in calls if c not in fresh))
     labels = list(question["properties"]["next"]["enum"])
+    if choice == "auto" and not _names_correction(options, extract) and not leans_to_calling(evidence, labels):
+        evidence = as_read(evidence, labels)
     probabilities = evidence.label_distribution or tuple(1.0 if v == evidence.value else 0.0 for v in labels)
     ranked = [v for _, v in sorted(zip(probabilities, labels, strict=True), key=lambda pv: -pv[0])]
     ranked.remove(evidence.value)
@@ -278,6 +285,44 @@ def decide_tools(
             return ToolDecision((call,), evidence, tuple(c.name for c in passed))
         passed.append(call)
     return ToolDecision((passed[0],), evidence)  # "required", and every tool would repeat a call: the likeliest
+
+
+def leans_to_calling(evidence: FieldResult, labels: Sequence[Any]) -> bool:
+    """Whether the lean a content-free correction divided out of a tool choice would call a tool: the model, asked
+    nothing (:data:`~pcd_engine.calibrate.correction.CONTENT_FREE_TEXTS`), puts more probability on some tool
+    than on answering. Only then is the lean a defect: answering is the right reply to a turn that says nothing,
+    so a model that answers there has shown no lean towards calling, and dividing its reading out would push every
+    turn towards a tool call. True for any other correction (a calibration or a batch's lean is the user's
+    choice), and False where nothing was corrected.
+    """
+    if evidence.correction != "content_free" or evidence.lean is None:
+        return evidence.correction is not None
+    lean = dict(zip(labels, evidence.lean, strict=True))
+    return max(p for label, p in lean.items() if label != ANSWER) > lean[ANSWER]
+
+
+def as_read(evidence: FieldResult, labels: Sequence[Any]) -> FieldResult:
+    """``evidence`` decided by the model's own distribution (its ``raw_distribution``) instead of the corrected
+    one: the argmax (the first label on a tie), its probability and the alternatives as read, no correction."""
+    if evidence.raw_distribution is None:
+        return evidence
+    raw = evidence.raw_distribution
+    order = sorted(range(len(raw)), key=lambda i: (-raw[i], i))
+    return replace(
+        evidence, value=labels[order[0]], probability=raw[order[0]], label_distribution=tuple(raw),
+        alternatives=tuple(Alternative(labels[i], raw[i]) for i in order[: len(evidence.alternatives)]),
+        raw_probability=None, raw_distribution=None, correction=None, lean=None,
+    )  # fmt: skip
+
+
+def _names_correction(options: ExtractOptions | Mapping[str, Any] | None, knobs: Mapping[str, Any]) -> bool:
+    """Whether the call names how to correct, in its options or as a keyword: a ``correction``, a ``calibration``
+    or a ``head``."""
+    given = ExtractOptions.parse(options)
+    named = (given.correction, given.calibration, given.head)
+    return any(v is not None for v in named) or any(
+        knobs.get(k) is not None for k in ("correction", "calibration", "head")
+    )
 
 
 def _call_key(name: str, arguments: Mapping[str, Any]) -> tuple[str, str]:

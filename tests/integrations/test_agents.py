@@ -18,7 +18,8 @@ from pydantic import BaseModel
 
 from pcd_engine import Engine, compile_schema
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
-from pcd_engine.tool_calls import ANSWER, Tool, choice_schema, decide_tools
+from pcd_engine.result import FieldResult
+from pcd_engine.tool_calls import ANSWER, Tool, as_read, choice_schema, decide_tools, leans_to_calling
 from tests.support import OracleBackend, OracleLM, enumerate_paths, oracle_brute_force, order_status_engine
 
 ORDER = "Where is my order 5521? It has not arrived."
@@ -275,14 +276,48 @@ def test_a_call_already_answered_is_not_made_again(smol_tokenizer):
     assert [c.name for c in forced.calls] == ["get_order_status"]  # required, and nothing else to call
 
 
-def test_the_tool_choice_is_corrected_like_any_closed_field(smol_tokenizer):
-    """The choice divides the content-free lean out by default (it is one closed field), and keeps the model's own
-    reading when told."""
-    engine = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer), salt="lean")))
-    corrected = decide_tools(engine, ORDER, [STATUS, REFUND], choice="auto")
-    own = decide_tools(engine, ORDER, [STATUS, REFUND], choice="auto", options={"correction": "none"})
-    assert corrected.choice.correction == "content_free" and own.choice.correction is None
-    assert corrected.choice.raw_distribution == pytest.approx(own.choice.label_distribution, abs=1e-9)
+def test_the_tool_choice_divides_the_lean_out_only_when_it_leans_to_calling(smol_tokenizer):
+    """Under the engine's default correction the choice is the content-free-corrected one when the model, asked
+    nothing, would call a tool, and the model's own when it would answer (answering is right on a turn that says
+    nothing); a correction named in the options decides as named. Checked against both readings, on oracles with
+    both kinds of lean."""
+    seen = set()
+    for salt in ("lean", "a", "b", "c", "d", "e", "f", "g"):
+        engine = Engine(OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer), salt=salt)))
+        tools = [STATUS, REFUND, PING]
+        own = decide_tools(engine, ORDER, tools, choice="auto", options={"correction": "none"}).choice
+        always = decide_tools(engine, ORDER, tools, choice="auto", options={"correction": "auto"}).choice
+        default = decide_tools(engine, ORDER, tools, choice="auto").choice
+        assert always.correction == "content_free" and own.correction is None
+        assert always.raw_distribution == pytest.approx(own.label_distribution, abs=1e-9)
+        labels = [*(t.name for t in tools), ANSWER]
+        lean = dict(zip(labels, always.lean, strict=True))
+        calls = max(lean[t.name] for t in tools) > lean[ANSWER]
+        assert leans_to_calling(always, labels) == calls
+        expected = always if calls else own
+        assert (default.value, default.correction) == (expected.value, expected.correction)
+        assert default.label_distribution == pytest.approx(expected.label_distribution, abs=1e-9)
+        assert [a.value for a in default.alternatives] == [a.value for a in expected.alternatives]
+        seen.add(calls)
+    assert seen == {True, False}  # both kinds of lean were met
+
+
+def test_leans_to_calling_reads_the_lean_divided_out():
+    def field(correction, lean):
+        return FieldResult("next", "answer", 0.5, 1.0, "marginal", (), 0, correction=correction, lean=lean)
+
+    labels = ["get_order_status", "refund", ANSWER]
+    assert leans_to_calling(field("content_free", (0.5, 0.1, 0.4)), labels)
+    assert not leans_to_calling(field("content_free", (0.2, 0.1, 0.7)), labels)
+    assert not leans_to_calling(field(None, None), labels)  # nothing was divided out
+    assert leans_to_calling(field("calibration", (0.2, 0.1, 0.7)), labels)  # a calibration is the user's choice
+    raw = FieldResult(
+        "next", "refund", 0.6, 1.0, "marginal", (), 0, correction="content_free", lean=(0.2, 0.1, 0.7),
+        label_distribution=(0.3, 0.6, 0.1), raw_distribution=(0.5, 0.1, 0.4),
+    )  # fmt: skip
+    read = as_read(raw, labels)
+    assert (read.value, read.probability, read.correction, read.lean) == ("get_order_status", 0.5, None, None)
+    assert read.label_distribution == (0.5, 0.1, 0.4)
 
 
 @pytest.mark.real_model
