@@ -314,7 +314,11 @@ class BackendConformance(RowsConformance):
         run = packed_logprobs(backend, SHARED_PREFIXES, max_nodes=max_nodes, tap=True, chunk=chunk)
         self.check_tap(backend, run)
         plain = packed_logprobs(backend, SHARED_PREFIXES)
-        np.testing.assert_allclose(run["logprobs"], plain["logprobs"], atol=1e-5, rtol=0)
+        # The same pass agrees to 1e-5; a tree split over passes or a document fed in chunks sums attention in
+        # another order, so it agrees as split and one pass do (1e-4 below: fp32 on log-probs near -13 moved
+        # 1.1e-5 once on gpt_oss).
+        atol = 1e-5 if max_nodes == 10_000 and chunk is None else 1e-4
+        np.testing.assert_allclose(run["logprobs"], plain["logprobs"], atol=atol, rtol=0)
 
     def test_tap_reads_the_layer_it_names(self, backend):
         """The check can fail: the plain pass's other layers differ from what the tap read."""

@@ -146,6 +146,10 @@ LONGEST_FIRST = [
     "tests/test_real_model.py",
     "notebook-04_trust_the_answer.ipynb",
     "tests/integrations/test_langchain.py",
+    "readme-python",
+    "readme-pcd-calibrate",
+    "readme-pcd-setup-model",
+    "readme-pcd-fit",
     "tests/backends/test_conformance_torch.py",
     "tests/decide/test_staging.py",
     "notebook-05_speed.ipynb",
@@ -183,9 +187,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Print what tests recorded as their ``summary`` property (the README test's count of blocks run and skipped),
-    from whichever worker ran them."""
-    for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", []):
+    """Print how many of the README's blocks ran and passed, from what its tests recorded in whichever worker ran
+    them (tests/test_readme.py): ``readme_blocks``, the runnable and marked blocks, and ``readme_ran``, the blocks
+    a passing test ran."""
+    facts: dict[str, Any] = {}
+    ran: list[str] = []
+    for report in terminalreporter.stats.get("passed", []):
         for name, value in getattr(report, "user_properties", []):
-            if name == "summary" and report.when == "call":
-                terminalreporter.write_line(str(value))
+            if report.when == "call" and name == "readme_blocks":
+                facts = value
+            elif report.when == "call" and name == "readme_ran":
+                ran += value
+    if facts:
+        python = sum(r.startswith("python") for r in ran)
+        shell = sum(r.startswith("shell") for r in ran)
+        terminalreporter.write_line(
+            f"README: {python} of {facts['python']} Python blocks and {shell} of {facts['shell']} shell blocks ran "
+            f"and passed; {len(facts['marked'])} marked not run (lines {facts['marked']})"
+        )
