@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from pcd_engine.calibrate.correction import ContentFree
 from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import Alternative, ExtractionResult, FieldResult
@@ -295,7 +296,7 @@ def leans_to_calling(evidence: FieldResult, labels: Sequence[Any]) -> bool:
     turn towards a tool call. True for any other correction (a calibration or a batch's lean is the user's
     choice), and False where nothing was corrected.
     """
-    if evidence.correction != "content_free" or evidence.lean is None:
+    if evidence.correction != ContentFree.name or evidence.lean is None:  # the content-free lean reports this name
         return evidence.correction is not None
     lean = dict(zip(labels, evidence.lean, strict=True))
     return max(p for label, p in lean.items() if label != ANSWER) > lean[ANSWER]

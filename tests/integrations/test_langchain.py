@@ -626,14 +626,16 @@ def test_bind_tools_decides_the_call_and_fills_its_arguments(tiny_engine, choice
 def test_tool_choice_equals_the_engine_decision_on_the_same_document(tiny_engine):
     from langchain_core.utils.function_calling import convert_to_openai_tool
 
-    from pcd_engine.tool_calls import Tool, choice_schema
+    from pcd_engine.tool_calls import Tool, as_read, choice_schema, leans_to_calling
 
     llm = ChatPCD(engine=tiny_engine).bind_tools([_order_status, _refund], tool_choice="auto")
     reply = llm.invoke("Where is my order 5521? It has not arrived.")
     specs = [convert_to_openai_tool(t)["function"] for t in (_order_status, _refund)]
     tools = [Tool(s["name"], s["description"], s["parameters"]) for s in specs]
-    decided = tiny_engine.extract("Where is my order 5521? It has not arrived.", choice_schema(tools, choice="auto"))
-    field = decided.fields["next"]
+    question = choice_schema(tools, choice="auto")
+    field = tiny_engine.extract("Where is my order 5521? It has not arrived.", question).fields["next"]
+    labels = question["properties"]["next"]["enum"]
+    field = field if leans_to_calling(field, labels) else as_read(field, labels)  # decide_tools' rule
     evidence = reply.response_metadata.get("pcd", {}).get("tool_choice")
     if field.value == "answer":
         assert not reply.tool_calls
