@@ -227,7 +227,7 @@ def test_collector_refuses_bad_input_at_once(tiny_engine):
 @pytest.mark.real_model
 def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine, smol_alone, bbc_leads):
     """On the embedded model: the example presets (closed, anchored, 255 labels, open fields) over four texts,
-    and 64 BBC News leads in batches of 16: decisions identical, probabilities within 1e-4 (the model's own, as
+    and 32 BBC News leads in batches of 16: decisions identical, probabilities within 1e-4 (the model's own, as
     :func:`smol_alone` reads them). customs_255 is left
     out to keep CI in budget: its 255 long labels batch through the same trees as catalogue_255's."""
     from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
