@@ -53,8 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pcd_engine import Engine  # noqa: E402
 from pcd_engine.calibrate.calibrator import em_bias  # noqa: E402
-from pcd_engine.calibrate.correction import CONTENT_FREE_TEXTS  # noqa: E402
 from pcd_engine.calibrate.shares import estimate_shares  # noqa: E402
+from pcd_engine.deciders.corrections import CONTENT_FREE_TEXTS  # noqa: E402
 from pcd_engine.tools.datasets import classification_metrics, load_dataset  # noqa: E402
 from pcd_engine.tools.eval import calibration_scores, eval_schema  # noqa: E402
 from pcd_engine.tools.terminal import table, versions  # noqa: E402

@@ -33,9 +33,9 @@ import numpy as np
 
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
-from pcd_engine.calibrate.correction import CORRECTION_WINDOW
 from pcd_engine.calibrate.heads import HEADED_KINDS
 from pcd_engine.decide.staging import PassCost, measure_pass_cost
+from pcd_engine.deciders.corrections import CORRECTION_WINDOW
 from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.lru import LRU
@@ -319,7 +319,7 @@ class Engine:
         documents = [Document(t, compiled, call, cancelled, f"texts[{i}]") for i, t in enumerate(texts)]
         out: list[Any] = []
         window = 4 * size
-        if call.corrector.estimates_on_batch and call.calibration is None:
+        if call.decider.estimates_on_batch:
             # Each window is one batch for the lean: as large as allowed, and cut evenly (65 documents are two
             # batches of 33 and 32, not 64 and 1).
             widest = max(window, CORRECTION_WINDOW)

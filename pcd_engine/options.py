@@ -16,10 +16,12 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from typing import Any
 
-from pcd_engine.calibrate.correction import CORRECTIONS as _CORRECTIONS
-from pcd_engine.calibrate.correction import Correction, NoCorrection, correction_named
+from pcd_engine.deciders import Decider, decider_for
+from pcd_engine.deciders.corrections import CORRECTIONS as _CORRECTIONS
+from pcd_engine.deciders.corrections import NoCorrection, correction_named
 from pcd_engine.errors import InputError, OptionError, check_count
 from pcd_engine.limits import DEFAULT_LIMITS, RequestLimits
 
@@ -39,7 +41,7 @@ STRATEGIES = ("marginal", "exact", "trie_walk")
 # How a wave's tree is read (see pcd_engine.decide.staging): the cost model's choice, always whole, or always staged.
 STAGINGS = ("auto", "one_pass", "staged")
 # How a call corrects the model's label lean without a fitted calibration: the names of
-# pcd_engine.calibrate.correction's objects, which own what each one means.
+# pcd_engine.deciders.corrections's objects, which own what each one means.
 CORRECTIONS = tuple(_CORRECTIONS)
 # The first pcd's strategy names. "auto" lets the engine choose per field (marginal up to marginal_max_labels
 # labels, the trie walk above); "first_token" was the marginal of the first token where labels differ; "trie" and
@@ -112,7 +114,7 @@ class ExtractOptions:
             ``alternatives``). A non-Optional field keeps its best label, flagged. Later waves were decided
             with the best label written, as without the option.
         correction: How the model's label lean is divided out when no ``calibration`` is given: the name of one
-            of :data:`CORRECTIONS` (each is an object of :mod:`pcd_engine.calibrate.correction`, which says what it
+            of :data:`CORRECTIONS` (each is an object of :mod:`pcd_engine.deciders.corrections`, which says what it
             reads and where its lean comes from). ``"auto"`` (the engine's default) divides out the lean read on
             content-free inputs from the single-choice fields a plain call reads whole, so an answer never depends
             on the other documents of a call; ``"content_free"`` does so for every closed field, read whole;
@@ -191,22 +193,32 @@ class ExtractOptions:
         if self.head is not None:
             object.__setattr__(self, "head", _head(self.head))
 
-    @property
-    def corrector(self) -> Correction:
-        """The :class:`~pcd_engine.calibrate.correction.Correction` named by ``correction`` (``None``: none)."""
-        return correction_named(self.correction)
+    @cached_property
+    def decider(self) -> Decider:
+        """The one :class:`~pcd_engine.deciders.Decider` these options resolve to: the ``head`` (falling back to the
+        rest) over the ``calibration``, which wins over the ``correction`` (``None``: ``"none"``)."""
+        return decider_for(correction=self.correction, calibration=self.calibration, head=self.head)
 
     @property
-    def corrects(self) -> bool:
-        """Whether the call may divide a lean out of its distributions: a calibration, or any correction but
-        ``"none"``."""
-        return self.calibration is not None or not isinstance(self.corrector, NoCorrection)
+    def names_decider(self) -> bool:
+        """Whether these options name how their fields are decided: a ``correction``, ``calibration`` or ``head``."""
+        return any(v is not None for v in (self.correction, self.calibration, self.head))
 
     @property
     def reads_whole(self) -> bool:
-        """Whether the call reads every closed field whole (:meth:`read_whole`): with a calibration or a head, or with
-        a correction that does (:attr:`~pcd_engine.calibrate.correction.Correction.reads_whole`)."""
-        return self.calibration is not None or self.head is not None or self.corrector.reads_whole
+        """Whether the call reads every closed field whole (:meth:`read_whole`), as its decider asks
+        (:attr:`~pcd_engine.deciders.Decider.reads_whole`)."""
+        return self.decider.reads_whole
+
+    def without_fitted(self, option: str, *, where: str) -> ExtractOptions:
+        """These options, to fit a new ``option`` (``"calibration"`` or ``"head"``) with.
+
+        Raises:
+            OptionError: If they already carry one (``where`` names what is being fitted).
+        """
+        if getattr(self, option) is not None:
+            raise OptionError(f"{where}: expected options without a {option} to fit a new one on.")
+        return self
 
     def uncorrected(self) -> ExtractOptions:
         """These options deciding with the model's own distributions: no calibration, no head, no correction."""

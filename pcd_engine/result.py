@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from pcd_engine.schema import FieldSpec, LabelValue, Schema
 
 if TYPE_CHECKING:
-    from pcd_engine.calibrate.calibrator import FieldPrior
     from pcd_engine.decide.decoding import Decision
+    from pcd_engine.deciders import Reading
     from pcd_engine.generate.open_rows import Generated
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "ExtractionStats",
     "FieldResult",
     "TokenUsage",
+    "field_result",
     "generated_result",
     "multi_result",
     "scored_result",
@@ -83,7 +84,7 @@ class FieldResult:
             ``value`` is then ``None`` (``alternatives`` keep the labels the model preferred), any other field
             keeps its best label, flagged.
         correction: Which correction decided the field: ``"calibration"`` (the call's fitted calibrator),
-            ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.calibrate.correction`), or ``"head"`` (the call's
+            ``"batch"`` or ``"content_free"`` (:mod:`pcd_engine.deciders.corrections`), or ``"head"`` (the call's
             decision head); ``None`` when the model's own distribution decided it. With one, ``raw_probability``
             and ``raw_distribution`` are the model's own figures.
         lean: With a correction, the lean divided out: the prior ``b`` over the labels in label order (for a
@@ -172,7 +173,7 @@ class ExtractionStats:
         prefill_passes: Of ``forward_passes``, those that prefilled the schema head (0 when its cache hit; more
             than 1 when the memory budget split a long head into chunks).
         correction_passes: Of ``forward_passes``, those that read the schema's content-free lean
-            (:mod:`pcd_engine.calibrate.correction`; 0 when the engine had it already, or the call has no such
+            (:mod:`pcd_engine.deciders.corrections`; 0 when the engine had it already, or the call has no such
         correction).
         documents_per_pass: For each scoring pass of the request, how many documents shared it (1 when it ran
             alone; more in a batch of :meth:`~pcd_engine.engine.Engine.extract_many`).
@@ -339,26 +340,38 @@ def abstain(
     return out
 
 
-def multi_result(
+def field_result(
     spec: FieldSpec,
     decisions: Sequence[Decision],
+    reading: Reading,
     wave: int,
     warnings: list[str],
     *,
     top_k: int,
     low_mass_warning: float,
-    prior: FieldPrior | None = None,
-    correction: str | None = None,
-    head: Sequence[float] | None = None,
+) -> FieldResult:
+    """A closed field's result from its ``decisions`` (one, or one per label of a multi-label field) and the
+    ``reading`` its call's decider made of them (:meth:`~pcd_engine.deciders.Decider.decide`): a multi-label
+    field's by :func:`multi_result`, any other's by :func:`scored_result`."""
+    if spec.kind == "multi":
+        return multi_result(spec, decisions, reading, wave, warnings, top_k=top_k, low_mass_warning=low_mass_warning)
+    return scored_result(spec, decisions[0], reading, wave, warnings, top_k=top_k, low_mass_warning=low_mass_warning)
+
+
+def multi_result(
+    spec: FieldSpec,
+    decisions: Sequence[Decision],
+    reading: Reading,
+    wave: int,
+    warnings: list[str],
+    *,
+    top_k: int,
+    low_mass_warning: float,
 ) -> FieldResult:
     """One yes/no decision per label, then ``min_items`` / ``max_items``: the most probable labels are added
-    or kept, and the list is in label order. With a ``prior``, each label's "yes" is calibrated first
-    (``correction`` names where the prior came from); with a ``head`` (a decision head's probability that each
-    label applies), the head's decide (method and correction ``"head"``)."""
-    raw = [d.probabilities[0] for d in decisions]
-    yes = raw if prior is None else [prior.correct_yes(i, p) for i, p in enumerate(raw)]
-    if head is not None:
-        yes, prior, correction = list(head), None, "head"
+    or kept, and the list is in label order. Each label's "yes" is the ``reading``'s (the model's own, or its
+    decider's: a lean divided out, or a head's)."""
+    raw, yes = reading.raw, reading.probabilities
     by_yes = sorted(range(len(yes)), key=lambda i: (-yes[i], i))
     chosen = {i for i in by_yes if yes[i] >= 0.5}
     chosen |= set(by_yes[: spec.min_items])
@@ -378,13 +391,13 @@ def multi_result(
         value=[spec.labels[i].value for i in sorted(chosen)],
         probability=sure[least],
         candidate_mass=mass,
-        method="head" if head is not None else decisions[0].method,
+        method=reading.method or decisions[0].method,
         alternatives=tuple(Alternative(spec.labels[i].value, yes[i]) for i in by_yes[:top_k]),
         wave=wave,
         label_probabilities={label.value: p for label, p in zip(spec.labels, yes, strict=True)},
-        raw_probability=None if prior is None and head is None else (raw[least] if least in chosen else 1 - raw[least]),
-        correction=None if prior is None and head is None else correction,
-        lean=None if prior is None else prior.bias,
+        raw_probability=None if reading.own else (raw[least] if least in chosen else 1 - raw[least]),
+        correction=reading.by,
+        lean=reading.lean,
     )
 
 
@@ -428,27 +441,20 @@ def generated_result(
 def scored_result(
     spec: FieldSpec,
     decision: Decision,
+    reading: Reading,
     wave: int,
     warnings: list[str],
     *,
     top_k: int,
     low_mass_warning: float,
-    prior: FieldPrior | None = None,
-    correction: str | None = None,
-    head: Sequence[float] | None = None,
 ) -> FieldResult:
     """A scored field's result: its label, probability, mass and alternatives; a low mass or a near tie adds a
-    warning. With a ``prior``, the distribution is calibrated first and the label is the calibrated argmax (the
-    lowest index on a tie; ``correction`` names where the prior came from). With a ``head`` (a decision head's
-    distribution over the labels), the head's distribution decides instead (method and correction ``"head"``), and
-    the model's own is kept as the raw one."""
-    probs = decision.probabilities
-    label = decision.label
-    corrected = (prior is not None or head is not None) and len(probs) > 1
-    if corrected:
-        probs = tuple(head) if head is not None else prior.correct(probs)  # type: ignore[union-attr]
-        label = max(range(len(probs)), key=lambda i: (probs[i], -i))
-        correction = "head" if head is not None else correction
+    warning. Where the ``reading`` is its decider's (a lean divided out, or a head's distribution), that
+    distribution decides (its argmax, the lowest index on a tie) and the model's own is kept as the raw one; else
+    the decision's own label stands."""
+    corrected = not reading.own
+    probs = reading.probabilities if corrected else decision.probabilities
+    label = max(range(len(probs)), key=lambda i: (probs[i], -i)) if corrected else decision.label
     order = sorted(range(len(probs)), key=lambda i: (-probs[i], i))[:top_k]
     alternatives = tuple(Alternative(spec.labels[i].value, probs[i]) for i in order)
     mass = decision.candidate_mass
@@ -467,13 +473,13 @@ def scored_result(
         value=spec.labels[label].value,
         probability=probs[label],
         candidate_mass=mass,
-        method="head" if head is not None and corrected else decision.method,
+        method=reading.method or decision.method,
         alternatives=alternatives,
         wave=wave,
         bounded_labels=decision.bounded,
         raw_probability=decision.probabilities[label] if corrected else None,
         label_distribution=tuple(probs) if len(probs) > 1 else None,
-        correction=correction if corrected else None,
-        lean=prior.bias if prior is not None and head is None and corrected else None,
+        correction=reading.by,
+        lean=reading.lean,
         raw_distribution=tuple(decision.probabilities) if corrected else None,
     )

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from pcd_engine.calibrate.correction import ContentFree
+from pcd_engine.deciders.corrections import lean_favours_others
 from pcd_engine.errors import OptionError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import Alternative, ExtractionResult, FieldResult
@@ -290,16 +290,13 @@ def decide_tools(
 
 def leans_to_calling(evidence: FieldResult, labels: Sequence[Any]) -> bool:
     """Whether the lean a content-free correction divided out of a tool choice would call a tool: the model, asked
-    nothing (:data:`~pcd_engine.calibrate.correction.CONTENT_FREE_TEXTS`), puts more probability on some tool
+    nothing (:data:`~pcd_engine.deciders.corrections.CONTENT_FREE_TEXTS`), puts more probability on some tool
     than on answering. Only then is the lean a defect: answering is the right reply to a turn that says nothing,
     so a model that answers there has shown no lean towards calling, and dividing its reading out would push every
     turn towards a tool call. True for any other correction (a calibration or a batch's lean is the user's
     choice), and False where nothing was corrected.
     """
-    if evidence.correction != ContentFree.name or evidence.lean is None:  # the content-free lean reports this name
-        return evidence.correction is not None
-    lean = dict(zip(labels, evidence.lean, strict=True))
-    return max(p for label, p in lean.items() if label != ANSWER) > lean[ANSWER]
+    return lean_favours_others(evidence.correction, evidence.lean, list(labels).index(ANSWER))
 
 
 def as_read(evidence: FieldResult, labels: Sequence[Any]) -> FieldResult:
@@ -317,13 +314,12 @@ def as_read(evidence: FieldResult, labels: Sequence[Any]) -> FieldResult:
 
 
 def _names_correction(options: ExtractOptions | Mapping[str, Any] | None, knobs: Mapping[str, Any]) -> bool:
-    """Whether the call names how to correct, in its options or as a keyword: a ``correction``, a ``calibration``
-    or a ``head``."""
+    """Whether the call names how its fields are decided, in its options or as a keyword
+    (:attr:`~pcd_engine.options.ExtractOptions.names_decider`)."""
+    known = {f.name for f in fields(ExtractOptions)}
     given = ExtractOptions.parse(options)
-    named = (given.correction, given.calibration, given.head)
-    return any(v is not None for v in named) or any(
-        knobs.get(k) is not None for k in ("correction", "calibration", "head")
-    )
+    keyed = ExtractOptions.parse({k: v for k, v in knobs.items() if k in known and v is not None})
+    return given.names_decider or keyed.names_decider
 
 
 def _call_key(name: str, arguments: Mapping[str, Any]) -> tuple[str, str]:

@@ -79,7 +79,7 @@ def fitted_json(value: Any, *, owner: str, kind: str = "calibration") -> dict[st
     """
     from pcd_engine import Calibrator, Head
 
-    cls: Any = Head if kind == "head" else Calibrator
+    cls: Any = {"calibration": Calibrator, "head": Head}[kind]
     if value is None:
         return None
     if isinstance(value, cls):

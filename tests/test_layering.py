@@ -5,7 +5,7 @@ The layers, bottom to top (each may import the layers below it and itself, nothi
 
 ``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
 ``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.field_heads`` <
-``calibrate.heads`` < ``calibrate.correction`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
+``calibrate.heads`` < ``deciders`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
 ``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tools``; the facades (the
 package, ``__main__``, ``testing``, ``adapters``) may import anything of pcd_engine. What a lower layer needs of a
 higher one it names as a protocol (``run.host.Host``: the engine as a request sees it;
@@ -37,7 +37,7 @@ LAYERS = [
     "calibrate.gates",
     "calibrate.field_heads",
     "calibrate.heads",
-    "calibrate.correction",
+    "deciders",
     "limits",
     "options",
     "prompt",
@@ -54,9 +54,8 @@ LAYERS = [
 FACADES = {"__init__.py", "__main__.py", "testing.py", "adapters.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
 # Modules that sit below the rest of their package: the token trees (what backends score), the lean estimators, what
-# fitted files share, the calibrator and the heads (values the options carry) and the corrections (objects the
-# options name).
-SUBLAYERS = {"decide.tree", *LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("calibrate.correction") + 1]}
+# fitted files share, the calibrator and the heads (values the options carry).
+SUBLAYERS = {"decide.tree", *LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("calibrate.heads") + 1]}
 
 
 def pcd_imports(path: Path) -> set[str]:

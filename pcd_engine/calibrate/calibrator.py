@@ -331,9 +331,8 @@ class Calibrator:
             raise OptionError(f"Calibration method: expected one of {list(CALIBRATION_METHODS)}, got {method!r}.")
         if not texts:
             raise OptionError("Calibration: expected at least one document to fit on, but got none.")
-        call = engine.resolve(options)  # over the engine's defaults, as the calls it will correct
-        if call.calibration is not None:
-            raise OptionError("Calibration: expected options without a calibration to fit a new one on.")
+        # over the engine's defaults, as the calls it will correct
+        call = engine.resolve(options).without_fitted("calibration", where="Calibration")
         # every label's probability, as the calibrated calls will read them, and the model's own (no correction)
         call = call.uncorrected().read_whole()
         compiled = compile_schema(schema)

@@ -145,9 +145,7 @@ class Head:
         from pcd_engine.schema import compile_schema
 
         compiled = compile_schema(schema)
-        call = engine.resolve(options)
-        if call.head is not None:
-            raise OptionError("Head: expected options without a head to fit a new one on.")
+        call = engine.resolve(options).without_fitted("head", where="Head")
         targets = example_targets(compiled, examples, fields)
         texts = [text for text, _ in examples]
         rows: list[Any] = []

@@ -1,6 +1,6 @@
 """The label shares of a batch or a corpus: how common each label of a closed field is among the documents.
 
-The corrections of :mod:`pcd_engine.calibrate.correction` divide out the model's **lean** and never the documents'
+The corrections of :mod:`pcd_engine.deciders.corrections` divide out the model's **lean** and never the documents'
 **label mix**; the mix is estimated here, apart, for the user to see (the mix of a support queue, and how it drifts
 between parts of a corpus), from the decided distributions (corrected ones where a correction decided them):
 

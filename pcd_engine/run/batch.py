@@ -29,16 +29,10 @@ from typing import TypeVar
 import numpy as np
 
 from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior, result_rows
-from pcd_engine.calibrate.correction import (
-    CONTENT_FREE_TEXTS,
-    MIN_BATCH,
-    Lean,
-    batch_priors,
-    content_free_fit,
-    field_rows,
-)
 from pcd_engine.decide.decoding import Decision
 from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.deciders import Lean
+from pcd_engine.deciders.corrections import CONTENT_FREE_TEXTS, MIN_BATCH, batch_priors, content_free_fit, field_rows
 from pcd_engine.generate.open_rows import OpenRows
 from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult, FieldResult
@@ -171,12 +165,12 @@ class Batch:
     def leans(self, plans: dict[int, WavePlan], decided: dict[int, list[Decision]]) -> dict[int, dict[str, FieldPrior]]:
         """Under a correction that estimates its lean on the batch, each request's leans for this wave: estimated on
         every live request of the same group (one caller's documents) that reads the same wave of the same schema
-        in the same way (:func:`~pcd_engine.calibrate.correction.batch_priors`), when there are at least
-        :data:`~pcd_engine.calibrate.correction.MIN_BATCH` of them."""
+        in the same way (:func:`~pcd_engine.deciders.corrections.batch_priors`), when there are at least
+        :data:`~pcd_engine.deciders.corrections.MIN_BATCH` of them."""
         together: dict[tuple[object, ...], list[int]] = {}
         for key in decided:
             request = self.requests.get(key)
-            if request is not None and request.call.calibration is None and request.call.corrector.estimates_on_batch:
+            if request is not None and request.call.decider.estimates_on_batch:
                 same = (*lean_key(request.schema, request.call, request.group), plans[key].index)
                 together.setdefault(same, []).append(key)
         out: dict[int, dict[str, FieldPrior]] = {}
@@ -188,7 +182,7 @@ class Batch:
                 continue
             rows: dict[str, list[list[float]]] = {}
             specs = {spec.name: spec for spec, _ in plans[keys[0]].asked}
-            partial: set[str] = set()  # fields some document read in a way its correction leaves as read
+            partial: set[str] = set()  # fields some document read in a way its decider leaves as read
             for key in keys:
                 for name, decisions in Request.by_field(plans[key].asked, decided[key]).items():
                     rows.setdefault(name, []).append(field_rows(specs[name], decisions))
@@ -428,33 +422,34 @@ def open_batch(
 
 
 def open_lean(host: Host, schema: Schema, call: ExtractOptions) -> Lean:
-    """The lean a request of ``schema`` under ``call`` opens with: the call's calibration; else the content-free
-    lean when the call's correction reads one
-    (:meth:`~pcd_engine.calibrate.correction.Correction.reads_content_free`), read once per schema, prompt
-    format and reading (:data:`~pcd_engine.calibrate.correction.CONTENT_FREE_TEXTS` decided uncorrected in one
-    batch, nothing generated) and kept in the host's compile cache; else none (a batch correction's leans come
-    with each wave)."""
-    if call.calibration is not None:
-        return Lean("calibration", call.calibration)
-    corrector = call.corrector
-    if not corrector.reads_content_free(
-        schema, strategy=call.strategy, marginal_max_labels=host.options.marginal_max_labels
-    ):
-        return Lean()
-    strategy = corrector.content_free_strategy(call.strategy)
-    plain = replace(call.uncorrected(), min_probability=None, strategy=strategy).read_whole()
-    key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
-    closed = [s for s in schema.fields if s.scored and len(s.labels) > 1]
-
-    def read() -> Calibrator:
-        documents = [Document(t, schema, plain, where=f"content-free input {t!r}") for t in CONTENT_FREE_TEXTS]
-        results = []
-        for done in read_batch(host, documents, max_documents=host.batch_size()):
-            if isinstance(done, Exception):
-                raise done
-            results.append(done)
-        return content_free_fit(schema, result_rows(closed, results), model=host.model_id)
-
+    """The lean a request of ``schema`` under ``call`` opens with, as the call's decider asks
+    (:meth:`~pcd_engine.deciders.Decider.open_lean`): a fitted one, none, or the content-free lean, read here once
+    per schema, prompt format and reading (:data:`~pcd_engine.deciders.corrections.CONTENT_FREE_TEXTS` decided
+    uncorrected in one batch, nothing generated) and kept in the host's compile cache; a batch's leans come with
+    each wave."""
     before, tick = host.backend.thread_passes, time.perf_counter()
-    lean: Calibrator = host.cache.leans.get_or_build(key, read)
-    return Lean("content_free", lean, host.backend.thread_passes - before, (time.perf_counter() - tick) * 1000)
+    closed = [s for s in schema.fields if s.scored and len(s.labels) > 1]
+    asked: list[str | None] = []  # the strategies it was read with: nothing is spent on a lean not read
+
+    def read_content_free(strategy: str | None) -> Calibrator:
+        asked.append(strategy)
+        plain = replace(call.uncorrected(), min_probability=None, strategy=strategy).read_whole()
+        key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
+
+        def read() -> Calibrator:
+            documents = [Document(t, schema, plain, where=f"content-free input {t!r}") for t in CONTENT_FREE_TEXTS]
+            results = []
+            for done in read_batch(host, documents, max_documents=host.batch_size()):
+                if isinstance(done, Exception):
+                    raise done
+                results.append(done)
+            return content_free_fit(schema, result_rows(closed, results), model=host.model_id)
+
+        return host.cache.leans.get_or_build(key, read)
+
+    lean = call.decider.open_lean(
+        schema, strategy=call.strategy, marginal_max_labels=host.options.marginal_max_labels, read=read_content_free
+    )
+    if not asked:
+        return lean
+    return replace(lean, passes=host.backend.thread_passes - before, ms=(time.perf_counter() - tick) * 1000)

@@ -36,7 +36,7 @@ class Head:
 
 class CompileCache:
     """The engine's compile-once state: schema heads (with their prefilled KV), compiled waves, pass plans,
-    open-row plans and content-free leans (:mod:`pcd_engine.calibrate.correction`), each in an :class:`LRU`.
+    open-row plans and content-free leans (:mod:`pcd_engine.deciders.corrections`), each in an :class:`LRU`.
 
     Args:
         tokenizer: The model's tokenizer view.

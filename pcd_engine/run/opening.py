@@ -70,10 +70,7 @@ def admit(
         OptionError: If the call's calibration or head was fitted on another schema or model.
     """
     backend = host.backend
-    if call.calibration is not None:
-        call.calibration.check(schema, host.model_id)
-    if call.head is not None:
-        call.head.check(schema, host.model_id)
+    call.decider.check(schema, host.model_id)
     open_fields = [f for f in schema.fields if not f.scored]
     check_sizes(schema, open_fields, call)
     for spec in open_fields:

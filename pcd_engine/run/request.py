@@ -21,12 +21,12 @@ import numpy as np
 from pcd_engine.backends.contract import RequestState
 from pcd_engine.backends.taps import FeatureTap, middle_layer
 from pcd_engine.calibrate.calibrator import FieldPrior
-from pcd_engine.calibrate.correction import Lean, full_distribution
 from pcd_engine.decide.compiler import CompiledWave, questions, written_value
 from pcd_engine.decide.decoding import Decision, Fixed, Strategy, choose_strategy
 from pcd_engine.decide.planner import plan_passes, plan_waves
 from pcd_engine.decide.staging import PassCost, WaveSearch, plan_reading
 from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.deciders import Lean
 from pcd_engine.errors import LimitError
 from pcd_engine.generate.open_rows import OpenRows
 from pcd_engine.limits import Watch
@@ -37,9 +37,8 @@ from pcd_engine.result import (
     ExtractionStats,
     FieldResult,
     abstain,
+    field_result,
     generated_result,
-    multi_result,
-    scored_result,
 )
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.compile_cache import Head
@@ -113,7 +112,7 @@ class Request(Feeding):
         phases: Milliseconds per phase.
         results: Each decided field's result, by name.
         warnings: What the caller should know, in order.
-        lean: The lean the request opened with (:class:`~pcd_engine.calibrate.correction.Lean`: the call's
+        lean: The lean the request opened with (:class:`~pcd_engine.deciders.corrections.Lean`: the call's
             calibration, the content-free lean, or none; a batch correction's leans come with each wave).
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
         group: Whose documents these are: a batch correction estimates a lean only on documents of one group (one
@@ -207,7 +206,7 @@ class Request(Feeding):
             group=group,
             feature_fields=features,
         )
-        if call.head is not None or features:  # what heads read, kept from the passes it runs anyway
+        if call.decider.reads_features or features:  # what heads read, kept from the passes it runs anyway
             span = (len(head.prompt.head_ids), len(ids) - len(head.tail0_ids))
             request.state.tap = FeatureTap(middle_layer(engine.backend.hidden_layers), span)
         request.lean = lean() if lean is not None else Lean()
@@ -307,36 +306,24 @@ class Request(Feeding):
         """
         wave = self.waves[index]
         decided = self.by_field(asked, decisions)
-        options = self.engine.options
-        note = (
-            None if self.call.calibration is not None else self.call.corrector.small_batch_warning(self.batch_documents)
-        )
+        options, decider = self.engine.options, self.call.decider
+        note = decider.small_batch_warning(self.batch_documents)
         if note is not None and leans is None and decided and note not in self.warnings:
             self.warnings.append(note)
+        fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
         for spec in wave:
-            how = "batch" if leans is not None else self.lean.source
-            prior = leans.get(spec.name) if leans is not None else self.lean.field(spec.name)
-            if prior is not None and not self.correctable(spec, decided.get(spec.name, ())):
-                prior = None  # a staged or walked reading, or a field the correction leaves as read
             features = self.field_features(spec)
-            field_head = self.call.head.field(spec.name) if self.call.head is not None else None
-            head = None
-            if field_head is not None and features is not None:
-                head = field_head.yes(features) if spec.kind == "multi" else field_head.probabilities(features)
             if features is not None and spec.name in self.feature_fields:
                 self.features[spec.name] = features
-            if spec.kind == "multi":
-                self.results[spec.name] = multi_result(
-                    spec, decided[spec.name], index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how, head=head,
-                )  # fmt: skip
-            else:
-                fixed = Decision(label=0, probabilities=(1.0,), candidate_mass=None, method=Fixed.name)
-                decision = decided[spec.name][0] if spec.name in decided else fixed
-                self.results[spec.name] = scored_result(
-                    spec, decision, index, self.warnings, top_k=options.top_k,
-                    low_mass_warning=options.low_mass_warning, prior=prior, correction=how, head=head,
-                )  # fmt: skip
+            field_decisions = decided.get(spec.name) or [fixed]
+            reading = decider.decide(
+                spec, field_decisions, lean=leans.get(spec.name) if leans is not None else self.lean.field(spec.name),
+                features=features, strategy=self.call.strategy, marginal_max_labels=options.marginal_max_labels,
+            )  # fmt: skip
+            self.results[spec.name] = field_result(
+                spec, field_decisions, reading, index, self.warnings, top_k=options.top_k,
+                low_mass_warning=options.low_mass_warning,
+            )  # fmt: skip
         # Later waves read the anchor and the answers they depend on; writing every answer would only add prompt
         # tokens to process (a 28-field schema writes ~9 tokens per field).
         needed = {dep for later in self.waves[index + 1 :] for spec in later for dep in spec.depends_on}
@@ -472,11 +459,8 @@ class Request(Feeding):
         return choose_strategy(n, name=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels)
 
     def correctable(self, spec: FieldSpec, decisions: Sequence[Decision]) -> bool:
-        """Whether this request's lean may be divided out of field ``spec``'s decisions: under a calibration any
-        field read whole, else the fields the call's correction corrects, read whole."""
-        if self.call.calibration is not None:
-            return full_distribution(decisions)
-        return self.call.corrector.correctable(
+        """Whether this request's decider may divide a lean out of field ``spec``'s decisions."""
+        return self.call.decider.correctable(
             spec, decisions, strategy=self.call.strategy, marginal_max_labels=self.engine.options.marginal_max_labels
         )
 

@@ -11,10 +11,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.calibrate.correction import CORRECTION_WINDOW
 from pcd_engine.calibrate.shares import LabelShares, label_shares
+from pcd_engine.deciders.corrections import CORRECTION_WINDOW
 from pcd_engine.errors import OptionError, check_count
-from pcd_engine.options import CORRECTIONS
+from pcd_engine.options import CORRECTIONS, ExtractOptions
 from pcd_engine.schema import FieldSpec, Schema, compile_schema
 from pcd_engine.tools.comparators import BASELINES, INVALID, Progress, ready
 from pcd_engine.tools.datasets import LabelledText, Metrics, agreement, classification_metrics
@@ -210,7 +210,7 @@ def evaluate(
             pcd's own row already uses (the call's ``correction``, else the engine's default).
         **extract_options: Passed to ``engine.extract_many`` (``strategy``, ``anchor``, ``temperature``).
 
-    Every pcd method decides the documents in chunks of :data:`~pcd_engine.calibrate.correction.CORRECTION_WINDOW`, each
+    Every pcd method decides the documents in chunks of :data:`~pcd_engine.deciders.corrections.CORRECTION_WINDOW`, each
     one :meth:`Engine.extract_many` call (one pass per wave for a batch of :meth:`Engine.batch_size`; the batch a
     ``"batch"`` correction estimates its lean on); its time per document is its chunk's time divided by the
     chunk's size. Baselines run one document at a time. Where pcd's own row corrected the field, the model's own
@@ -222,8 +222,8 @@ def evaluate(
     ready(engine, against)
     check_count(max_chars, "max_chars")
     calibrated = dict(calibrations or {})
-    own = extract_options.get("correction") or engine.options.correction
-    corrected = {f"pcd, correction={c}": c for c in corrections if c != own}
+    call = engine.resolve(None, **extract_options)  # a correction that would not change pcd's own call is not run again
+    corrected = {f"pcd, correction={c}": c for c in corrections if ExtractOptions(correction=c).over(call) != call}
     methods = ("pcd", OWN, *calibrated, *corrected, *against)
     preds: dict[str, list[str]] = {m: [] for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}

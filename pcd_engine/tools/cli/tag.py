@@ -143,7 +143,7 @@ def _tag_calibration(
 
     from pcd_engine.calibrate.calibrator import FIT_CHUNK, Calibrator
 
-    if options.calibration is not None:
+    if args.calibration:
         raise OptionError("pcd tag: expected either --calibrate N or --calibration CAL.json, but got both.")
     if args.calibrate < 1:
         raise OptionError(f"pcd tag --calibrate: expected a positive number of documents, but got {args.calibrate}.")

@@ -7,8 +7,9 @@ that is 80% billing). Only the lean is a defect to divide out. A lean estimated 
 and dividing it out forces every batch towards uniform labels, which makes a capable model wrong on a skewed batch.
 
 Each correction is a :class:`Correction`: what it reads (which fields, read how), where its lean comes from, and
-what it reports. The options name one (:data:`CORRECTIONS`); :func:`correction_named` gives the object, and no
-other module compares correction names. Adding a correction is a subclass here, its tests and its docs.
+what it reports; each is a :class:`~pcd_engine.deciders.base.Decider`. The options name one (:data:`CORRECTIONS`);
+:func:`correction_named` gives the object, and no other module compares correction names. Adding a correction is a
+subclass here, its tests and its docs.
 
 * ``"auto"`` (:class:`Auto`, the engine's default): the **content-free lean**, the mean distribution on
   :data:`CONTENT_FREE_TEXTS` (inputs that say nothing, Zhao et al. 2021), read once per schema and kept with the
@@ -27,18 +28,18 @@ other module compares correction names. Adding a correction is a subclass here, 
 * ``"none"`` (:class:`NoCorrection`): the model's own distributions.
 
 A lean is only ever divided out of a distribution that gives every label its probability
-(:func:`full_distribution`): a staged reading's bounds or the greedy walk's distribution are decided as read.
-The batch's label mix is estimated apart, for the user to see (:mod:`pcd_engine.calibrate.shares`).
+(:func:`~pcd_engine.deciders.base.full_distribution`): a staged reading's bounds or the greedy walk's distribution
+are decided as read. The batch's label mix is estimated apart, for the user to see
+(:mod:`pcd_engine.calibrate.shares`).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import ClassVar, Protocol
 
 from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
+from pcd_engine.deciders.base import Decided, Decider, Lean, LeanReader
 from pcd_engine.errors import OptionError
 from pcd_engine.schema import FieldSpec, Schema
 
@@ -51,13 +52,12 @@ __all__ = [
     "Batch",
     "ContentFree",
     "Correction",
-    "Lean",
     "NoCorrection",
     "batch_priors",
     "content_free_fit",
     "correction_named",
     "field_rows",
-    "full_distribution",
+    "lean_favours_others",
 ]
 
 MIN_BATCH = 16
@@ -70,67 +70,24 @@ longer call is cut into equal windows of at most this many, each its own batch).
 CONTENT_FREE_TEXTS = ("N/A", "[MASK]", "(no text)")
 """The inputs the content-free lean is read from."""
 
-WHOLE_METHODS = ("marginal", "exact")
-"""The strategies whose decisions give every label its probability (when no label was left to a bound)."""
 
-
-class _Decided(Protocol):
-    """What a correction reads of a decision (:class:`~pcd_engine.decide.decoding.Decision`)."""
-
-    @property
-    def method(self) -> str: ...
-
-    @property
-    def bounded(self) -> int: ...
-
-    @property
-    def probabilities(self) -> Sequence[float]: ...
-
-
-def full_distribution(decisions: Sequence[_Decided]) -> bool:
-    """Whether one field's decisions (one, or one per label of a multi-label field) give every label its
-    probability, so that a lean can be divided out of them: decided by the marginal or the exact strategy, with no
-    label scored by a staged reading's bound."""
-    return bool(decisions) and all(d.method in WHOLE_METHODS and not d.bounded for d in decisions)
-
-
-@dataclass(frozen=True)
-class Lean:
-    """The lean a request opens with.
-
-    Attributes:
-        source: What fields report as their ``correction``: ``"calibration"``, ``"content_free"`` or ``"batch"``;
-            ``None`` when nothing is divided out.
-        priors: The per-field leans (a :class:`Calibrator`: the call's, or the content-free one); ``None`` for a
-            batch correction, whose leans come with each wave.
-        passes: Forward passes spent reading the content-free lean (0 when it was kept or not needed).
-        ms: Milliseconds spent on it.
-    """
-
-    source: str | None = None
-    priors: Calibrator | None = None
-    passes: int = 0
-    ms: float = 0.0
-
-    def field(self, name: str) -> FieldPrior | None:
-        """Field ``name``'s lean, or ``None``."""
-        return None if self.priors is None else self.priors.field(name)
-
-
-class Correction(ABC):
-    """How a call divides the model's lean out of its closed fields' distributions.
+class Correction(Decider):
+    """A decider that divides the model's lean out of some closed fields' distributions, with no fitted file: the
+    content-free lean, the batch's, or none.
 
     Attributes:
         name: The name the options give it (one of :data:`CORRECTIONS`).
+        source: What a field it corrects reports as its ``correction``.
         reads_whole: The call reads every closed field whole (``staging="one_pass"``, the trie walk as
             ``"exact"``), as a calibrated call does, so that every field can be corrected.
         estimates_on_batch: The lean is estimated on the documents one caller decides together, wave by wave
             (:func:`batch_priors`), not read when a request opens.
     """
 
-    name: ClassVar[str]
-    reads_whole: ClassVar[bool] = False
-    estimates_on_batch: ClassVar[bool] = False
+    name: str = ""
+    source: str | None = None
+    reads_whole: bool = False
+    estimates_on_batch: bool = False
 
     @abstractmethod
     def corrects(self, spec: FieldSpec, *, strategy: str | None, marginal_max_labels: int) -> bool:
@@ -150,25 +107,21 @@ class Correction(ABC):
         closed = [s for s in schema.fields if s.scored and len(s.labels) > 1]
         return any(self.corrects(s, strategy=strategy, marginal_max_labels=marginal_max_labels) for s in closed)
 
-    def correctable(
-        self, spec: FieldSpec, decisions: Sequence[_Decided], *, strategy: str | None, marginal_max_labels: int
-    ) -> bool:
-        """Whether a lean may be divided out of field ``spec``'s ``decisions``: a field this correction corrects,
-        read so that every label has its probability (:func:`full_distribution`)."""
-        return self.corrects(spec, strategy=strategy, marginal_max_labels=marginal_max_labels) and full_distribution(
-            decisions
-        )
-
-    def small_batch_warning(self, documents: int) -> str | None:
-        """The warning a request gets when its batch had ``documents`` documents, too few for the lean; ``None``
-        when the lean is not the batch's or the batch was large enough."""
-        return None
+    def open_lean(self, schema: Schema, *, strategy: str | None, marginal_max_labels: int, read: LeanReader) -> Lean:
+        """The batch's source with no priors yet (they come with each wave), the content-free lean where this
+        correction reads one (:meth:`reads_content_free`), else none."""
+        if self.estimates_on_batch:
+            return Lean(self.source)
+        if not self.reads_content_free(schema, strategy=strategy, marginal_max_labels=marginal_max_labels):
+            return Lean()
+        return Lean(self.source, read(self.content_free_strategy(strategy)))
 
 
 class NoCorrection(Correction):
     """``"none"``: the model's own distributions decide."""
 
     name = "none"
+    source = None
 
     def corrects(self, spec: FieldSpec, *, strategy: str | None, marginal_max_labels: int) -> bool:
         return False
@@ -181,6 +134,7 @@ class Auto(Correction):
     flags are decided as read; any other strategy asked for is decided as read."""
 
     name = "auto"
+    source = "content_free"
 
     def corrects(self, spec: FieldSpec, *, strategy: str | None, marginal_max_labels: int) -> bool:
         if spec.kind == "multi":
@@ -195,6 +149,7 @@ class ContentFree(Correction):
     """``"content_free"``: the content-free lean divided out of every closed field, each read whole."""
 
     name = "content_free"
+    source = "content_free"
     reads_whole = True
 
     def corrects(self, spec: FieldSpec, *, strategy: str | None, marginal_max_labels: int) -> bool:
@@ -206,6 +161,7 @@ class Batch(Correction):
     it assumes their labels are about equally common."""
 
     name = "batch"
+    source = "batch"
     reads_whole = True
     estimates_on_batch = True
 
@@ -239,7 +195,7 @@ def correction_named(name: str | None) -> Correction:
     return found
 
 
-def field_rows(spec: FieldSpec, decisions: Sequence[_Decided]) -> list[float]:
+def field_rows(spec: FieldSpec, decisions: Sequence[Decided]) -> list[float]:
     """One document's row for ``spec``: its label distribution, or each label's probability of "yes" for a
     multi-label field (one decision per label)."""
     if spec.kind == "multi":
@@ -257,3 +213,14 @@ def batch_priors(schema: Schema, model: str, rows: Mapping[str, Sequence[Sequenc
 def content_free_fit(schema: Schema, rows: Mapping[str, Sequence[Sequence[float]]], *, model: str) -> Calibrator:
     """The content-free lean from each closed field's rows on :data:`CONTENT_FREE_TEXTS`: their mean."""
     return Calibrator.from_distributions(schema, rows, model=model, method="mean")
+
+
+def lean_favours_others(correction: str | None, lean: Sequence[float] | None, keep: int) -> bool:
+    """Whether the lean divided out of a field (its result's ``correction`` and ``lean``) favours some label over
+    label ``keep``. For the content-free lean that is a reading of the model asked nothing: where it prefers
+    ``keep`` (answering, for a tool choice), the model showed no lean away from it. True for any other source
+    (a calibration's, a batch's or a head's correction is the user's choice), False where nothing was corrected.
+    """
+    if correction != ContentFree.source or lean is None:
+        return correction is not None
+    return max(p for i, p in enumerate(lean) if i != keep) > lean[keep]
