@@ -24,6 +24,7 @@ from typing import Any
 
 from pcd_engine.calibrate.estimators import em_bias, mean_prior, reweight
 from pcd_engine.calibrate.fitted import (
+    Reader,
     check_fitted_on,
     finite_real,
     from_fitted_json,
@@ -292,7 +293,7 @@ class Calibrator:
     @classmethod
     def fit(
         cls,
-        engine: Any,
+        engine: Reader,
         texts: Sequence[str],
         schema: Any,
         *,

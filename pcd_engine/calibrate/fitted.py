@@ -9,14 +9,42 @@ import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import Schema
 
-__all__ = ["check_fitted_on", "finite_real", "from_fitted_json", "read_json_file", "same_labels", "write_json_file"]
+__all__ = [
+    "Reader",
+    "check_fitted_on",
+    "finite_real",
+    "from_fitted_json",
+    "read_json_file",
+    "same_labels",
+    "write_json_file",
+]
 
 T = TypeVar("T")
+
+
+class Reader(Protocol):
+    """What fitting a calibration or a head needs of the engine: its public reading of documents (the
+    :class:`~pcd_engine.engine.Engine` is one). Named here so that the fits never reach up to the engine's layer."""
+
+    @property
+    def model_id(self) -> str:
+        """Which model reads (what a fitted file is tied to)."""
+
+    def resolve(self, options: Any = None, **knobs: Any) -> Any:
+        """The options a call runs with (an :class:`~pcd_engine.options.ExtractOptions`)."""
+
+    def read_closed(self, texts: Any, schema: Any, options: Any = None, *, batch_size: int | None = None) -> Any:
+        """Each text's closed fields' results, decided under ``options`` (nothing generated)."""
+
+    def read_features(
+        self, texts: Any, schema: Any, options: Any = None, *, fields: Any = None, batch_size: int | None = None
+    ) -> Any:
+        """:meth:`read_closed`, with the features a head reads of ``fields``."""
 
 
 def finite_real(value: Any) -> float | None:

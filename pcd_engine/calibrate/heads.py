@@ -31,6 +31,7 @@ from pcd_engine.calibrate.field_heads import (
     held_out_yes,
 )
 from pcd_engine.calibrate.fitted import (
+    Reader,
     check_fitted_on,
     from_fitted_json,
     read_json_file,
@@ -99,7 +100,7 @@ class Head:
     @classmethod
     def fit(
         cls,
-        engine: Any,
+        engine: Reader,
         schema: Any,
         examples: Sequence[tuple[str, Mapping[str, Any]]],
         *,
