@@ -24,6 +24,7 @@ __all__ = [
     "OptionError",
     "PCDError",
     "PromptAlignmentError",
+    "QuestionError",
     "RequestCancelled",
     "RequestTimeout",
     "SchemaError",
@@ -39,6 +40,18 @@ class SchemaError(PCDError, ValueError):
 
     Raised before any model work, so nothing is half-done.
     """
+
+
+class QuestionError(SchemaError):
+    """A decision question given in a wire format (``/v1/decisions``, ``/v1/systemone``) that pcd cannot ask.
+
+    Attributes:
+        param: The part of the request at fault (``questions[2].choices[0].value``), as the wire's errors name it.
+    """
+
+    def __init__(self, message: str, *, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ContextError(PCDError, ValueError):

@@ -84,14 +84,8 @@ def plain_state(state: Any) -> Any:
 
 
 def _answer(answer: Any, question: Any) -> dict[str, Any]:
-    """One engine answer in LangChain's answer shape."""
-    if answer.kind == "yes_no":
-        return {"type": "noul", "noul": answer.yes}
-    if answer.kind == "choice":
-        return {"type": "choice", "choice": answer.value, "probabilities": dict(answer.probabilities),
-                "confidence": answer.confidence}  # fmt: skip
-    return {"type": "score", "score": answer.score, "legend": dict(enumerate(question.criteria)),
-            "probabilities": dict(answer.probabilities), "confidence": answer.confidence}  # fmt: skip
+    """One engine answer in LangChain's answer shape (a score's legend: its criteria)."""
+    return answer.wire("langchain", legend=getattr(question, "criteria", None) or ())  # type: ignore[no-any-return]
 
 
 class PCDDecisionModel(BaseDecisionModel):

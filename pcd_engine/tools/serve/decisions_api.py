@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from pcd_engine.errors import ContextError
-from pcd_engine.questions import Decisions, Question, content_text, questions_schema, read_decisions, state_text
+from pcd_engine.errors import ContextError, QuestionError
+from pcd_engine.questions import Decisions, Question, questions_schema, read_decisions, state_text, wire_type
 from pcd_engine.tools.serve.answers import read_request
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import DecisionsRequest, SystemOneRequest, documented
@@ -47,7 +46,8 @@ def decisions_router(server: Server) -> APIRouter:
         text = _text(body.input if isinstance(body.input, str) else input_turns(body.input), "input")
         decided = await _decide(server, request, text, asked, body.pcd)
         levels = {raw["name"]: raw.get("levels") for raw in body.questions}
-        answers = [{"name": name, **_wire_answer(a, levels[name])} for name, a in decided.answers.items()]
+        answers = [{"name": name, **a.wire("decisions", legend=_level_labels(levels[name]))}
+                   for name, a in decided.answers.items()]  # fmt: skip
         usage: dict[str, Any] = dict(decided.usage.input_output())
         usage.update(input_tokens_details={"cached_tokens": decided.result.stats.cached_tokens},
                      output_tokens_details={"reasoning_tokens": 0})  # fmt: skip
@@ -61,7 +61,8 @@ def decisions_router(server: Server) -> APIRouter:
         body = await read_request(server, request, SystemOneRequest)
         asked = {name: _systemone_question(raw, f"questions.{name}") for name, raw in body.questions.items()}
         decided = await _decide(server, request, _text(body.state, "state"), asked, body.pcd)
-        answers = {name: _systemone_answer(a, body.questions[name]) for name, a in decided.answers.items()}
+        answers = {name: a.wire("systemone", legend=body.questions[name].get("criteria") or ())
+                   for name, a in decided.answers.items()}  # fmt: skip
         reply = {"model": server.model_name, "answers": answers, "usage": decided.usage.input_output(),
                  "pcd": decided.result.evidence()}  # fmt: skip
         return JSONResponse(reply, headers={"x-typesafe-request-id": f"req_{uuid.uuid4().hex[:24]}"})
@@ -88,69 +89,20 @@ def _text(state: Any, param: str) -> str:
         raise HTTPError(400, "invalid_request", str(exc), param=param) from None
 
 
-def _content(value: Any, where: str) -> str:
-    try:
-        return content_text(value, where=where)
-    except ContextError as exc:
-        raise HTTPError(400, "invalid_request", f"{where}: {exc}", param=where) from None
-
-
-def _items(raw: Mapping[str, Any], key: str, where: str, least: int) -> list[Any]:
-    items = raw.get(key)
-    if not isinstance(items, list) or len(items) < least:
-        message = f"{where}.{key}: expected a list of at least {least}, but got {items!r}."
-        raise HTTPError(400, "invalid_request", message, param=f"{where}.{key}")
-    return items
-
-
 def _wire_question(raw: Any, where: str) -> tuple[str, Question]:
-    """One ``/v1/decisions`` question as the engine's.
+    """One ``/v1/decisions`` question as the engine's, with its name.
 
     Raises:
         HTTPError: 400 naming the part of the question at fault.
     """
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    name = raw.get("name") if isinstance(raw, dict) else None
-    if kind not in ("predicate", "choice", "score"):
-        message = f"{where}.type: expected 'predicate', 'choice' or 'score', but got {kind!r}."
-        raise HTTPError(400, "invalid_request", message, param=f"{where}.type")
-    if not isinstance(name, str) or not name:
-        raise HTTPError(400, "invalid_request", f"{where}.name: expected a non-empty string.", param=f"{where}.name")
-    instructions = _content(raw.get("instructions"), f"{where}.instructions")
-    if kind == "predicate":
-        return name, Question.yes_no(instructions)
-    if kind == "choice":
-        choices = {}
-        for j, item in enumerate(_items(raw, "choices", where, 1)):
-            at = f"{where}.choices[{j}]"
-            value = item.get("value") if isinstance(item, dict) else None
-            if not isinstance(value, (str, bool)) or value in choices:
-                message = f"{at}.value: expected a string or boolean used once, but got {value!r}."
-                raise HTTPError(400, "invalid_request", message, param=f"{at}.value")
-            about = item.get("description")
-            choices[value] = None if about is None else _content(about, f"{at}.description")
-        return name, Question.choice(instructions, choices)
-    levels = []
-    for j, item in enumerate(_items(raw, "levels", where, 2)):
-        at = f"{where}.levels[{j}]"
-        label = item.get("label") if isinstance(item, dict) else None
-        if not isinstance(label, str) or not label.strip():
-            raise HTTPError(400, "invalid_request", f"{at}.label: expected text, but got {label!r}.", param=at)
-        about = item.get("description")
-        levels.append(label if about is None else f"{label}: {_content(about, f'{at}.description')}")  # the rubric
-    return name, Question.score(instructions, levels)
-
-
-def _wire_answer(answer: Any, levels: Any) -> dict[str, Any]:
-    """One answer in the ``/v1/decisions`` shape (probabilities as lists, a score's ``levels`` with their labels)."""
-    if answer.kind == "yes_no":
-        return {"type": "predicate", "probability": answer.yes}
-    if answer.kind == "choice":
-        probabilities = [{"value": v, "probability": p} for v, p in answer.probabilities.items()]
-        return {"type": "choice", "choice": answer.value, "probabilities": probabilities,
-                "confidence": answer.confidence}  # fmt: skip
-    rows = [{"value": v, "label": levels[int(v)]["label"], "probability": p} for v, p in answer.probabilities.items()]
-    return {"type": "score", "score": answer.score, "probabilities": rows, "confidence": answer.confidence}
+    try:
+        kind = wire_type("decisions", raw.get("type") if isinstance(raw, dict) else None, where=where)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise QuestionError(f"{where}.name: expected a non-empty string.", param=f"{where}.name")
+        return name, Question.from_wire(kind, "decisions", raw, where)
+    except QuestionError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param=exc.param) from None
 
 
 def _systemone_question(raw: Any, where: str) -> Question:
@@ -159,40 +111,13 @@ def _systemone_question(raw: Any, where: str) -> Question:
     Raises:
         HTTPError: 400 naming the part of the question at fault.
     """
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind not in ("noul", "choice", "score"):
-        message = f"{where}.type: expected 'noul', 'choice' or 'score', but got {kind!r}."
-        raise HTTPError(400, "invalid_request", message, param=f"{where}.type")
-    instructions = _content(raw.get("instructions"), f"{where}.instructions")
-    criteria = raw.get("criteria")
-    if kind == "noul":
-        if criteria is not None and not isinstance(criteria, dict):
-            message = f"{where}.criteria: expected an object with 'true' and 'false', but got {criteria!r}."
-            raise HTTPError(400, "invalid_request", message, param=f"{where}.criteria")
-        yes, no = (criteria or {}).get("true"), (criteria or {}).get("false")
-        return Question.yes_no(
-            instructions,
-            yes=None if yes is None else _content(yes, f"{where}.criteria.true"),
-            no=None if no is None else _content(no, f"{where}.criteria.false"),
-        )
-    if kind == "choice":
-        if not isinstance(criteria, dict) or not criteria:
-            message = f"{where}.criteria: expected an object of label to description, but got {criteria!r}."
-            raise HTTPError(400, "invalid_request", message, param=f"{where}.criteria")
-        labels = {k: None if v is None else _content(v, f"{where}.criteria.{k}") for k, v in criteria.items()}
-        return Question.choice(instructions, labels)
-    levels = _items(raw, "criteria", where, 2)
-    return Question.score(instructions, [_content(c, f"{where}.criteria[{j}]") for j, c in enumerate(levels)])
+    try:
+        kind = wire_type("systemone", raw.get("type") if isinstance(raw, dict) else None, where=where)
+        return Question.from_wire(kind, "systemone", raw, where)
+    except QuestionError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param=exc.param) from None
 
 
-def _systemone_answer(answer: Any, raw: Mapping[str, Any]) -> dict[str, Any]:
-    """One answer in the ``/v1/systemone`` shape."""
-    if answer.kind == "yes_no":
-        return {"type": "noul", "noul": answer.yes}
-    probabilities = {str(k) if answer.kind == "score" else k: p for k, p in answer.probabilities.items()}
-    if answer.kind == "choice":
-        return {"type": "choice", "choice": answer.value, "probabilities": probabilities,
-                "confidence": answer.confidence}  # fmt: skip
-    legend = {str(i): level for i, level in enumerate(raw["criteria"])}
-    return {"type": "score", "score": answer.score, "legend": legend, "probabilities": probabilities,
-            "confidence": answer.confidence}  # fmt: skip
+def _level_labels(levels: Any) -> list[str]:
+    """The labels of a ``/v1/decisions`` score question's levels (what its answer's rows name), lowest first."""
+    return [level["label"] for level in levels or ()]

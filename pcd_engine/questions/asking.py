@@ -18,23 +18,22 @@ What an answer holds (:class:`QuestionAnswer`):
 ``1 - H(p) / log(K)`` for ``K`` labels, the entropy ``H`` in nats. It is 1 when all the mass is on one label, 0 when
 it is spread evenly, and 1 for a question with one label.
 
-The state is text, JSON, or a conversation (:func:`state_text`): a conversation (OpenAI-style messages, at the
-root) reads as a transcript with each turn's role; any other JSON object or array reads as indented JSON, messages
-nested in it included. Media (images, audio, files) are refused: pcd reads text.
+The state is text, JSON, or a conversation (:func:`~pcd_engine.questions.states.state_text`). What differs between
+the kinds of question is each kind's object (:mod:`pcd_engine.questions.kinds`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pcd_engine.errors import ContextError, SchemaError
+from pcd_engine.questions.kinds import TYPES, QuestionType, property_meanings, wire_content
+from pcd_engine.questions.states import state_text
 from pcd_engine.result import ExtractionResult, FieldResult, TokenUsage
 from pcd_engine.schema import LabelValue, Schema, compile_schema
-from pcd_engine.tool_calls import called_text, tool_result_text
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -46,19 +45,12 @@ __all__ = [
     "QuestionAnswer",
     "QuestionKind",
     "concentration",
-    "content_text",
     "decide_questions",
     "questions_schema",
     "read_decisions",
-    "state_text",
 ]
 
 QuestionKind = Literal["yes_no", "choice", "score"]
-KINDS: tuple[QuestionKind, ...] = ("yes_no", "choice", "score")
-MEDIA = frozenset({"image", "image_url", "input_image", "file", "input_file", "audio", "input_audio", "video"})
-"""Content-block types that carry media, in LangChain's and OpenAI's shapes."""
-ROLES = {"user": "User", "assistant": "Assistant", "system": "System", "developer": "System", "tool": "Tool"}
-TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 
 @dataclass(frozen=True)
@@ -97,14 +89,37 @@ class Question:
         """A level of an ordered rubric: ``levels`` describe levels ``0 .. n-1``, lowest first."""
         return cls("score", instructions, (), tuple(levels))
 
+    @classmethod
+    def from_wire(cls, kind: QuestionType, wire: str, raw: Mapping[str, Any], where: str) -> Question:
+        """A question of type ``kind`` as a wire format sends it (``"decisions"``: a ``/v1/decisions`` question;
+        ``"systemone"``: a ``/v1/systemone`` one); the caller looks the type up once
+        (:func:`~pcd_engine.questions.kinds.wire_type`).
+
+        Raises:
+            QuestionError: Naming the part of the question at fault (``where.instructions``,
+                ``where.choices[0].value``).
+        """
+        instructions = wire_content(raw.get("instructions"), f"{where}.instructions")
+        reader = kind.from_decisions if wire == "decisions" else kind.from_systemone
+        labels, descriptions = reader(raw, where)
+        return cls(kind.name, instructions, labels, descriptions)  # type: ignore[arg-type]
+
+    @property
+    def type(self) -> QuestionType:
+        """The question's type (:mod:`pcd_engine.questions.kinds`), which owns what differs between kinds.
+
+        Raises:
+            SchemaError: If :attr:`kind` names no type.
+        """
+        found = TYPES.get(self.kind) if isinstance(self.kind, str) else None
+        if found is None:
+            raise SchemaError(f"Question: expected a kind in {list(TYPES)}, but got {self.kind!r}.")
+        return found
+
     @property
     def values(self) -> tuple[LabelValue, ...]:
         """The field's allowed values: ``True, False``; the labels; or the levels ``0 .. n-1``."""
-        if self.kind == "yes_no":
-            return (True, False)
-        if self.kind == "score":
-            return tuple(range(len(self.descriptions)))
-        return self.labels
+        return self.type.values(self)
 
     def check(self, name: str) -> None:
         """Check the question, naming it.
@@ -113,40 +128,19 @@ class Question:
             SchemaError: If a part of it is missing or of the wrong type.
         """
         where = f"Question {name!r}"
-        if self.kind not in KINDS:
-            raise SchemaError(f"{where}: expected a kind in {list(KINDS)}, but got {self.kind!r}.")
+        kind = TYPES.get(self.kind) if isinstance(self.kind, str) else None
+        if kind is None:
+            raise SchemaError(f"{where}: expected a kind in {list(TYPES)}, but got {self.kind!r}.")
         if not isinstance(self.instructions, str) or not self.instructions.strip():
             raise SchemaError(f"{where}: expected instructions as non-empty text, but got {self.instructions!r}.")
         for i, text in enumerate(self.descriptions):
             if text is not None and not isinstance(text, str):
                 raise SchemaError(f"{where}: expected description {i} to be text or None, but got {text!r}.")
-        if self.kind == "yes_no" and (self.labels or len(self.descriptions) != 2):
-            raise SchemaError(f"{where}: expected a yes/no question to have no labels and two meanings (yes, no).")
-        if self.kind == "choice":
-            if not self.labels or len(self.descriptions) != len(self.labels):
-                raise SchemaError(
-                    f"{where}: expected at least one label, each with a description or None, but got "
-                    f"{len(self.labels)} labels and {len(self.descriptions)} descriptions."
-                )
-            bad = next((v for v in self.labels if not isinstance(v, (str, bool))), None)
-            if bad is not None:
-                raise SchemaError(f"{where}: expected every label to be a string or a boolean, but got {bad!r}.")
-        if self.kind == "score":
-            if self.labels or len(self.descriptions) < 2 or any(d is None for d in self.descriptions):
-                raise SchemaError(
-                    f"{where}: expected at least two levels, each described, but got {list(self.descriptions)}."
-                )
+        kind.check(self, where)
 
     def field_schema(self) -> dict[str, Any]:
         """The question as a JSON Schema property: its values, and a description that says what each means."""
-        described = [(v, d) for v, d in zip(self.values, self.descriptions, strict=False) if d and d.strip()]
-        meanings = "; ".join(f"{json.dumps(v, ensure_ascii=False)} means: {d.strip()}" for v, d in described)
-        if self.kind == "score" and meanings:
-            meanings = "The levels, lowest first: " + meanings
-        text = self.instructions.strip() + (f" ({meanings})" if meanings else "")
-        if self.kind == "yes_no":
-            return {"type": "boolean", "description": text}
-        return {"enum": list(self.values), "description": text}
+        return self.type.property(self, property_meanings(self, self.values))
 
 
 @dataclass(frozen=True)
@@ -171,16 +165,24 @@ class QuestionAnswer:
     field: FieldResult
 
     @property
+    def type(self) -> QuestionType:
+        """The question's type (:mod:`pcd_engine.questions.kinds`): what writes this answer in each wire format."""
+        return TYPES[self.kind]
+
+    @property
     def yes(self) -> float | None:
         """A yes/no question's probability of yes; ``None`` for the other kinds."""
-        return self.probabilities[True] if self.kind == "yes_no" else None
+        return self.type.yes(self.probabilities)
 
     @property
     def score(self) -> float | None:
         """A score question's expected level (``sum(level * p)``); ``None`` for the other kinds."""
-        if self.kind != "score":
-            return None
-        return sum(i * p for i, p in enumerate(self.probabilities.values()))  # the levels are 0 .. n-1, in order
+        return self.type.score(self.probabilities)
+
+    def wire(self, wire: str, *, legend: Sequence[str] = ()) -> dict[str, Any]:
+        """This answer in a wire format (``"decisions"``, ``"systemone"``, ``"langchain"``; ``legend``: a score's
+        level names, lowest first), as its type writes it."""
+        return self.type.answer(self, wire=wire, legend=legend)
 
 
 @dataclass(frozen=True)
@@ -291,105 +293,3 @@ def decide_questions(
         got = text if isinstance(text, Exception) else next(results)
         out.append(got if isinstance(got, Exception) else read_decisions(got, questions))
     return out
-
-
-def content_text(content: Any, *, where: str) -> str:
-    """Instructions or a description given as text or JSON, as text: text as it is, other JSON as JSON text.
-
-    Raises:
-        ContextError: If it holds media, or is not JSON.
-    """
-    if isinstance(content, str):
-        return content
-    parts = _text_parts(content)
-    if parts is not None:
-        return "".join(parts)
-    return json.dumps(_plain(content, where), ensure_ascii=False)
-
-
-def state_text(state: Any, *, where: str = "state") -> str:
-    """The text a state is decided on.
-
-    Text is itself. A conversation (one OpenAI-style message ``{"role", "content"}``, or a list of them) is a
-    transcript: each turn's text after its role (``User:``, ``Assistant:``, ``System:``), an assistant's tool calls
-    as ``Called name({...})`` and a tool's result as ``Tool result (name): ...``, turns apart by blank lines. Any
-    other JSON object or array is its JSON, indented, messages nested in it included.
-
-    Raises:
-        ContextError: If the state is a bare number, boolean or null, holds media, or is not JSON.
-    """
-    if isinstance(state, str):
-        return state
-    if _is_message(state):
-        state = [state]
-    if isinstance(state, list) and state and all(_is_message(m) for m in state):
-        names = {c.get("id"): c.get("function", {}).get("name") for m in state for c in m.get("tool_calls") or []}
-        turns = [_turn(m, names, f"{where}[{i}]") for i, m in enumerate(state)]
-        return "\n\n".join(t for t in turns if t)
-    if not isinstance(state, (dict, list)):
-        raise ContextError(
-            f"Context: expected {where} to be text, a JSON object or array, or messages, but got "
-            f"{type(state).__name__} {state!r}."
-        )
-    return json.dumps(_plain(state, where), ensure_ascii=False, indent=2)
-
-
-def _is_message(value: Any) -> bool:
-    return isinstance(value, dict) and value.get("role") in ROLES and "content" in value
-
-
-def _turn(message: dict[str, Any], names: Mapping[Any, Any], where: str) -> str:
-    """One message of a conversation as the transcript shows it."""
-    content = message.get("content")
-    text = "" if content is None else content_text(content, where=f"{where}.content").strip()
-    if message["role"] == "tool":
-        name = message.get("name") or names.get(message.get("tool_call_id")) or message.get("tool_call_id") or "tool"
-        return tool_result_text(str(name), text)
-    calls = []
-    for call in message.get("tool_calls") or []:
-        function = call.get("function") or {}
-        arguments = function.get("arguments") or "{}"
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-            parsed = {"arguments": arguments}
-        calls.append((str(function.get("name")), parsed if isinstance(parsed, Mapping) else {"arguments": parsed}))
-    body = "\n".join(t for t in (text, called_text(calls)) if t)
-    return f"{ROLES[message['role']]}: {body}" if body else ""
-
-
-def _text_parts(content: Any) -> list[str] | None:
-    """A list of content parts that are all text (or JSON data), as texts; ``None`` when it is not such a list."""
-    if not isinstance(content, list) or not content:
-        return None
-    out = []
-    for part in content:
-        if not isinstance(part, dict):
-            return None
-        if part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str):
-            out.append(part["text"])
-        elif part.get("type") == "input_json" and "data" in part:
-            out.append(json.dumps(part["data"], ensure_ascii=False))
-        elif part.get("type") in MEDIA:
-            raise ContextError(f"Context: {_media(part)}")
-        else:
-            return None
-    return out
-
-
-def _plain(value: Any, where: str) -> Any:
-    """``value`` checked to be JSON without media blocks."""
-    if isinstance(value, dict):
-        if value.get("type") in MEDIA:
-            raise ContextError(f"Context: {where}: {_media(value)}")
-        return {str(k): _plain(v, f"{where}.{k}") for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if value is None or isinstance(value, (str, int, float, bool)):
-        return value
-    raise ContextError(f"Context: expected {where} to be JSON, but got {type(value).__name__}.")
-
-
-def _media(block: Mapping[str, Any]) -> str:
-    kind = block.get("type")
-    return f"expected text, but got media (a {kind!r} block); pcd reads text only: no images, audio or files."
