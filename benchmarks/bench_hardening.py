@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import peak_rss  # noqa: E402
 from pcd_engine import Engine, compile_schema  # noqa: E402
-from pcd_engine.decide.tree import TreeBatch  # noqa: E402
 from pcd_engine.errors import PCDError  # noqa: E402
+from pcd_engine.trees import TreeBatch  # noqa: E402
 
 TEXT = "Order 1182 arrived broken; the customer is furious and wants their money back today."
 

@@ -26,8 +26,8 @@ import pytest
 from hypothesis import strategies as st
 
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.prompt.chat_prompt import TokenizerView, field_line
+from pcd_engine.trees import TreeBatch
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENIZERS = ROOT / ".cache" / "tokenizers"

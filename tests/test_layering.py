@@ -3,7 +3,7 @@ alike): one rule per layer of ``pcd_engine``.
 
 The layers, bottom to top (each may import the layers below it and itself, nothing above):
 
-``errors``, ``lru`` < ``decide.tree`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
+``errors``, ``lru`` < ``trees`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
 ``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.field_heads`` <
 ``calibrate.heads`` < ``deciders`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
 ``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tools``; the facades (the
@@ -27,7 +27,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pcd_engine"
 LAYERS = [
     "errors",
     "lru",
-    "decide.tree",
+    "trees",
     "backends",
     "models",
     "schema",
@@ -53,9 +53,9 @@ LAYERS = [
 ]
 FACADES = {"__init__.py", "__main__.py", "testing.py", "adapters.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
-# Modules that sit below the rest of their package: the token trees (what backends score), the lean estimators, what
+# Modules that sit below the rest of their package: the lean estimators, what
 # fitted files share, the calibrator and the heads (values the options carry).
-SUBLAYERS = {"decide.tree", *LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("calibrate.heads") + 1]}
+SUBLAYERS = {*LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("calibrate.heads") + 1]}
 
 
 def pcd_imports(path: Path) -> set[str]:
@@ -172,7 +172,7 @@ def test_every_module_imports_only_its_layer_and_those_below(path):
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "backends").glob("*.py")), ids=lambda p: p.name)
 def test_backends_import_only_trees_and_errors(path):
-    allowed = {"decide.tree", "errors", "backends"}
+    allowed = {"trees", "errors", "backends"}
     wrong = sorted(m for m in pcd_imports(path) if layer(m) not in allowed)
     assert not wrong, f"{path.name} imports {wrong}"
 
@@ -215,7 +215,7 @@ def test_an_unknown_runner_is_refused_by_name():
 
 
 def test_the_tree_module_imports_nothing_of_pcd():
-    assert pcd_imports(PACKAGE / "decide" / "tree.py") == set()
+    assert pcd_imports(PACKAGE / "trees.py") == set()
 
 
 def test_the_top_level_holds_at_most_twelve_modules():
@@ -248,7 +248,7 @@ def test_the_backend_check_can_fail(tmp_path):
     bad.write_text(
         "def f():\n    from pcd_engine.decide.planner import plan_passes\n    from pcd_engine.schema import Schema\n"
     )
-    assert {m for m in pcd_imports(bad) if layer(m) not in {"decide.tree", "errors", "backends"}} == {
+    assert {m for m in pcd_imports(bad) if layer(m) not in {"trees", "errors", "backends"}} == {
         "pcd_engine.decide.planner",
         "pcd_engine.schema",
     }

@@ -44,8 +44,8 @@ from pcd_engine.backends.growth import (
     rows_generate,
 )
 from pcd_engine.backends.taps import FeatureTap, Seen
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import PromptAlignmentError
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["Backend", "Prefix", "RequestState", "serialized"]
 
@@ -234,7 +234,7 @@ class Backend(ABC):
         Every layer gets one buffer of ``[rows, heads, P + C + N, dim]`` slots (``P`` the longest cache, ``C`` the
         longest causal block, ``N`` the largest tree; :meth:`_buffered_cache`). Row ``i`` holds its cache
         left-padded to ``P`` slots, then its causal block, then (from slot ``P + C``) its tree nodes. The mask is
-        request ``i``'s own :meth:`~pcd_engine.decide.tree.TreeBatch.visibility` moved to those slots (padding is never
+        request ``i``'s own :meth:`~pcd_engine.trees.TreeBatch.visibility` moved to those slots (padding is never
         seen; a padding query sees only itself), positions are each request's own, and only the rows read are
         projected onto the vocabulary. Afterwards state ``i`` holds its own slots (its cache, then its causal
         block; :meth:`_buffered_adopt`), so the states are exactly what one :meth:`score_tree` call each would

@@ -17,8 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from pcd_engine.backends.taps import FeatureTap, Seen, record_pass
-from pcd_engine.decide.tree import TreeBatch, TrieBuilder
 from pcd_engine.errors import PromptAlignmentError
+from pcd_engine.trees import TreeBatch, TrieBuilder
 
 __all__ = [
     "Chooser",

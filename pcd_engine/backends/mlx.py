@@ -49,8 +49,8 @@ from pcd_engine.backends.mlx_tree import (
     stacked_layers,
 )
 from pcd_engine.backends.taps import FeatureTap, Seen, record_chains, record_extension, record_pass
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import OptionError
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["MLXBackend", "load_mlx_model", "preload_blas"]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["FeatureTap", "Seen", "middle_layer", "record_chains", "record_extension", "record_pass"]
 
@@ -145,7 +145,7 @@ def record_chains(
     longest: int,
 ) -> None:
     """Hand ``tap`` the answers a rows fallback read from chains ``first`` to ``first + count`` (one batch row each,
-    ``longest`` rows, every row projected; ``row_of`` as :meth:`~pcd_engine.decide.tree.TreeBatch.chains` gives it)."""
+    ``longest`` rows, every row projected; ``row_of`` as :meth:`~pcd_engine.trees.TreeBatch.chains` gives it)."""
     for node, row in tap.answer_rows(batch, fed):
         chain, offset = row_of.get(row - fed, (-1, 0))
         if row >= fed and first <= chain < first + count:

@@ -34,8 +34,8 @@ from pcd_engine.backends.torch_tree import (
     picked_logprobs,
     tree_masks,
 )
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import OptionError
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["TorchBackend"]
 

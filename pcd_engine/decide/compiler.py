@@ -31,11 +31,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcd_engine.decide.tree import TokenTree, TrieBuilder
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.prompt.alignment import align_lines
 from pcd_engine.prompt.chat_prompt import TokenizerView, field_line, surface
 from pcd_engine.schema import FieldSpec, Label, flag_key
+from pcd_engine.trees import TokenTree, TrieBuilder
 
 __all__ = [
     "CompiledWave",

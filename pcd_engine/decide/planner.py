@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import replace
 
-from pcd_engine.decide.tree import TokenTree, TreeBatch
 from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.trees import TokenTree, TreeBatch
 
 __all__ = ["TreeBatch", "one_wave", "plan_passes", "plan_waves"]
 

@@ -45,7 +45,7 @@ import numpy as np
 from pcd_engine.backends.contract import Backend, RequestState
 from pcd_engine.decide.compiler import CompiledWave, FieldTrie, LabelPath
 from pcd_engine.decide.decoding import Decision, Exact, Marginal, Strategy, TrieWalk, sequence_scores, split_paths
-from pcd_engine.decide.tree import TreeBatch
+from pcd_engine.trees import TreeBatch
 
 __all__ = [
     "FIRST_MARGIN",

@@ -30,7 +30,6 @@ import numpy as np
 
 from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior, result_rows
 from pcd_engine.decide.decoding import Decision
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.deciders import Lean
 from pcd_engine.deciders.corrections import CONTENT_FREE_TEXTS, MIN_BATCH, batch_priors, content_free_fit, field_rows
 from pcd_engine.generate.open_rows import OpenRows
@@ -40,6 +39,7 @@ from pcd_engine.run.admission import check_text
 from pcd_engine.run.host import Host
 from pcd_engine.run.request import Request, WavePlan
 from pcd_engine.schema import Schema
+from pcd_engine.trees import TreeBatch
 
 __all__ = [
     "Batch",

@@ -10,13 +10,13 @@ from typing import Any
 from pcd_engine.backends.contract import Prefix
 from pcd_engine.decide.compiler import CompiledWave, compile_wave
 from pcd_engine.decide.planner import plan_passes
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.generate.open_rows import RowPlan, compile_rows
 from pcd_engine.lru import LRU
 from pcd_engine.options import PromptFormat
 from pcd_engine.prompt.alignment import tail_tokens
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["CompileCache", "Head"]
 

@@ -12,13 +12,13 @@ import numpy as np
 
 from pcd_engine.backends.contract import Backend, RequestState
 from pcd_engine.decide.compiler import CompiledWave
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.errors import PromptAlignmentError
 from pcd_engine.limits import Watch
 from pcd_engine.options import ExtractOptions
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.host import Host
 from pcd_engine.schema import FieldSpec
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["Feeding"]
 

@@ -25,7 +25,6 @@ from pcd_engine.decide.compiler import CompiledWave, questions, written_value
 from pcd_engine.decide.decoding import Decision, Fixed, Strategy, choose_strategy
 from pcd_engine.decide.planner import plan_passes, plan_waves
 from pcd_engine.decide.staging import PassCost, WaveSearch, plan_reading
-from pcd_engine.decide.tree import TreeBatch
 from pcd_engine.deciders import Lean
 from pcd_engine.errors import LimitError
 from pcd_engine.generate.open_rows import OpenRows
@@ -46,6 +45,7 @@ from pcd_engine.run.feeding import Feeding
 from pcd_engine.run.host import Host
 from pcd_engine.run.opening import admit
 from pcd_engine.schema import FieldSpec, Schema
+from pcd_engine.trees import TreeBatch
 
 __all__ = ["PHASES", "Request", "WavePlan"]
 

@@ -14,11 +14,11 @@ from pcd_engine.decide.compiler import compile_wave
 from pcd_engine.decide.decoding import Exact, Marginal, TrieWalk, sequence_scores
 from pcd_engine.decide.planner import plan_passes
 from pcd_engine.decide.staging import PassCost, WaveSearch, measure_pass_cost, plan_reading
-from pcd_engine.decide.tree import TrieBuilder
 from pcd_engine.errors import OptionError
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.tools.greedy_walk import generate_greedy_walk
+from pcd_engine.trees import TrieBuilder
 from tests.support import OracleBackend, OracleLM, assert_staged_matches, both_backends, tiny_backend
 
 TEXT = "Frozen cod fillets, 40 cartons, shipped by sea from Norway; the invoice lists live lobsters as well."
@@ -68,7 +68,7 @@ def random_tree(rng: random.Random) -> TrieBuilder:
 def test_plan_passes_reads_exactly_the_queries_and_feeds_only_their_ancestors(seed):
     rng = random.Random(seed)
     trie = random_tree(rng)
-    from pcd_engine.decide.tree import TokenTree
+    from pcd_engine.trees import TokenTree
 
     parents = trie.parents
     tree = TokenTree(tuple(trie.tokens), tuple(parents), tuple(trie.depths), tuple(sorted(set(parents) - {-1})))
@@ -107,7 +107,7 @@ def test_plan_passes_reads_exactly_the_queries_and_feeds_only_their_ancestors(se
 def test_plan_passes_refuses_root_children_without_causal_tokens():
     trie = TrieBuilder()
     trie.add([1, 2])
-    from pcd_engine.decide.tree import TokenTree
+    from pcd_engine.trees import TokenTree
 
     tree = TokenTree(tuple(trie.tokens), tuple(trie.parents), tuple(trie.depths), (0,))
     with pytest.raises(ValueError, match="root"):
