@@ -163,6 +163,7 @@ LONGEST_FIRST = [
     "tests/tools/test_server.py",
     "tests/tools/test_tag.py",
     "notebook-03_llamaindex_rag_tagging.ipynb",
+    "tests/deciders/test_deciders_before_after.py",
 ]
 """The groups that take longest (measured in ``.cache/junit.xml``), longest first: the workers take the next group
 when they run low, so handing out the long ones first keeps any of them from starting last and running alone."""

@@ -226,16 +226,19 @@ def test_collector_refuses_bad_input_at_once(tiny_engine):
 
 @pytest.mark.real_model
 def test_smollm2_batches_equal_one_at_a_time_on_presets_and_bbc(default_engine, smol_alone, bbc_leads):
-    """On the embedded model: the example presets (closed, anchored, 255 labels, open fields) over four texts,
-    and 32 BBC News leads in batches of 16: decisions identical, probabilities within 1e-4 (the model's own, as
-    :func:`smol_alone` reads them). customs_255 is left
-    out to keep CI in budget: its 255 long labels batch through the same trees as catalogue_255's."""
+    """On the embedded model: the example presets (closed, anchored, 255 labels, open fields) over two texts of
+    very different lengths (the preset's own and a greeting), and 32 BBC News leads in batches of 16: decisions
+    identical, probabilities within 1e-4 (the model's own, as :func:`smol_alone` reads them). customs_255 is left
+    out to keep CI in budget: its 255 long labels batch through the same trees as catalogue_255's. It was four texts
+    per preset: the two more were one-at-a-time references that nothing else shares (40 s of CI), and batches of
+    more documents and lengths are held equal to one at a time on the tiny models above (both backends, anchored,
+    waves and open rows, sixteen documents per pass)."""
     from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 
     for name in (n for n in EXAMPLE_PRESETS if n != "customs_255"):
         preset = example_preset(name)
-        texts = [preset.context, f"Note: {preset.context}", f"{preset.context} Thanks.", "Hi."]
-        batched = default_engine.extract_many(texts, preset.schema, batch_size=4, correction="none")
+        texts = [preset.context, "Hi."]
+        batched = default_engine.extract_many(texts, preset.schema, batch_size=2, correction="none")
         for text, got in zip(texts, batched, strict=True):
             assert_same(smol_alone(text, preset.schema), got)
         assert max(n for r in batched for n in r.stats.documents_per_pass) > 1, name
