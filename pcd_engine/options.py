@@ -210,6 +210,13 @@ class ExtractOptions:
         (:attr:`~pcd_engine.deciders.Decider.reads_whole`)."""
         return self.decider.reads_whole
 
+    @property
+    def value_tokens(self) -> int:
+        """The call's token limit per open value (``max_tokens``; a field's own limit wins,
+        :meth:`~pcd_engine.schema.FieldSpec.token_limit`); 1 on options not resolved over the engine's, which always
+        set it."""
+        return int(self.max_tokens or 1)
+
     def without_fitted(self, option: str, *, where: str) -> ExtractOptions:
         """These options, to fit a new ``option`` (``"calibration"`` or ``"head"``) with.
 

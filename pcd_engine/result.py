@@ -415,7 +415,7 @@ def generated_result(
 ) -> FieldResult:
     """A generated field's result; a cut or invalid value adds a warning."""
     if generated.truncated:
-        limit = spec.max_tokens or default_limit
+        limit = spec.token_limit(default_limit)
         what = {"closed": "it was closed where it was cut", "cut back": "it was cut back to its last complete item"}
         said = what.get(generated.how) or f"it could not be completed and is {_FILLED[generated.how]}"
         warnings.append(f"Field {spec.name!r}: the value reached its limit of {limit} tokens; {said}.")

@@ -226,3 +226,24 @@ def test_llamaindex_llm_program_and_extractor(spy):
         PCDPydanticProgram.from_defaults(Ticket, "{text}", engine=spy, anchr=False)
     with pytest.raises(OptionError, match="'anchr'"):
         PCDMetadataExtractor(Ticket, engine=spy, options={"anchr": False})
+
+
+def test_the_token_limit_fallback_is_worked_out_in_one_place():
+    """A field's own limit wins over the call's (FieldSpec.token_limit), a call's limit per value is
+    ExtractOptions.value_tokens; no other module works either fallback out with ``max_tokens or ...``."""
+    import re
+    from pathlib import Path
+
+    schema = compile_schema({"a": {"type": "string", "max_tokens": 3}, "b": {"type": "string"}})
+    assert schema.field("a").token_limit(64) == 3 and schema.field("b").token_limit(64) == 64
+    assert ExtractOptions(max_tokens=9).value_tokens == 9 and ExtractOptions().value_tokens == 1
+    root = Path(__file__).resolve().parent.parent
+    owners = {root / "pcd_engine" / "schema" / "fields.py", root / "pcd_engine" / "options.py"}
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()}"
+        for path in sorted([*(root / "pcd_engine").rglob("*.py"), *(root / "pcd_integrations").rglob("*.py")])
+        if path not in owners
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if re.search(r"max_tokens\)? or\b", line)
+    ]
+    assert found == []

@@ -44,6 +44,7 @@ from pcd_engine.prompt.chat_prompt import TokenizerView
 from pcd_engine.schema import FieldSpec
 
 __all__ = [
+    "REPLY_TOKENS",
     "Generated",
     "Grammars",
     "OpenRows",
@@ -53,6 +54,8 @@ __all__ = [
     "generate_reply",
 ]
 
+REPLY_TOKENS = 256
+"""The most tokens a JSON reply (:func:`generate_reply`) takes when its schema sets no ``max_tokens``."""
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -368,7 +371,7 @@ class OpenRows:
             draft_tokens: The most draft tokens proposed per row and pass (0: no drafts).
         """
         rows = [
-            _Row(spec, grammars.matcher(spec, lead), spec.max_tokens or max_tokens)
+            _Row(spec, grammars.matcher(spec, lead), spec.token_limit(max_tokens))
             for spec, lead in zip(fields, plan.leads, strict=True)
         ]
         lookup = PromptLookup(context, max_draft=draft_tokens) if draft_tokens > 0 and context else None
@@ -442,7 +445,7 @@ def generate_reply(
     Returns:
         The reply's value, text, tokens and whether it was cut.
     """
-    row = _Row(spec, grammars.matcher(spec, whole=True), spec.max_tokens or 256)
+    row = _Row(spec, grammars.matcher(spec, whole=True), spec.token_limit(REPLY_TOKENS))
     state = backend.start(backend.prefill(list(ids[:-1])))
 
     def choose(_r: int, logprobs: np.ndarray) -> tuple[list[int], bool]:

@@ -47,7 +47,7 @@ def check_sizes(schema: Schema, open_fields: Sequence[FieldSpec], call: ExtractO
     Raises:
         LimitError: If the schema has too many labels, or the open fields ask for too many tokens.
     """
-    limits, default = call.limits or RequestLimits(), int(call.max_tokens or 1)
+    limits, default = call.limits or RequestLimits(), call.value_tokens
     labels = sum(len(q.labels) for spec in schema.fields if spec.scored for q in questions(spec))
     if limits.max_labels is not None and labels > limits.max_labels:
         raise LimitError(
@@ -58,7 +58,7 @@ def check_sizes(schema: Schema, open_fields: Sequence[FieldSpec], call: ExtractO
         return
     total = 0
     for spec in open_fields:
-        own = spec.max_tokens or default
+        own = spec.token_limit(default)
         if own > limits.max_generated_tokens:
             source = "its x-max-tokens" if spec.max_tokens else "max_tokens"
             raise LimitError(
@@ -109,14 +109,14 @@ def check_window(
         )
     fixed = head_tokens + tail_tokens + 2
     for spec in open_fields:
-        own = spec.max_tokens or limit
+        own = spec.token_limit(limit)
         if fixed + answers + own + 8 > window:
             source = "its x-max-tokens" if spec.max_tokens else "max_tokens"
             raise ContextError(
                 f"Field {spec.name!r}: expected its token limit to fit the model's window of {window} tokens, "
                 f"but {source} asks for {own} after a prompt of {fixed + answers}. Lower it."
             )
-    deepest = 2 + max([*labels, *[8 + (f.max_tokens or limit) for f in open_fields]]) + answers
+    deepest = 2 + max([*labels, *[8 + f.token_limit(limit) for f in open_fields]]) + answers
     if fixed + deepest > window:
         raise ContextError(
             f"Schema {schema.title!r}: expected its prompt to fit the model's window of {window} tokens, but the "

@@ -90,7 +90,7 @@ def admit(
         head_tokens=len(head.prompt.head_ids),
         tail_tokens=len(head.tail0_ids),
         prompt_tokens=len(ids),
-        limit=int(call.max_tokens or 1),
+        limit=call.value_tokens,
     )
     budget = PassBudget.of(backend, call.memory_budget_mb)
     check_budget(budget, prompt_tokens=len(ids), deepest=deepest)

@@ -358,7 +358,7 @@ class Request(Feeding):
         open_fields = [f for f in self.schema.fields if not f.scored]
         if not open_fields:
             return None
-        limit = int(self.call.max_tokens or 1)
+        limit = self.call.value_tokens
         with self.timed("generate"):
             for spec in self.schema.fields:  # the open rows see every closed answer
                 if spec.scored and spec.name not in self.written:
@@ -395,7 +395,7 @@ class Request(Feeding):
 
     def finish_rows(self, rows: OpenRows, passes: int) -> None:
         """Record the grown rows' values (``passes``: the generation passes this request took part in)."""
-        limit = int(self.call.max_tokens or 1)
+        limit = self.call.value_tokens
         self.generation_passes = passes
         self.pending = []
         for spec, generated in zip(rows.fields, rows.values(self.engine.tokenizer), strict=True):

@@ -88,6 +88,11 @@ class FieldSpec:
         """``(True, value)`` for a field with a default (:attr:`default_json`), else ``(False, None)``."""
         return (False, None) if self.default_json is None else (True, json.loads(self.default_json))
 
+    def token_limit(self, default: int) -> int:
+        """The most tokens this open field's value may take: its own :attr:`max_tokens`, else ``default`` (the
+        call's). The one place the fallback is worked out."""
+        return self.max_tokens or default
+
     @property
     def values(self) -> tuple[LabelValue, ...]:
         """The allowed values, in order."""

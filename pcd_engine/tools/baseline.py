@@ -114,7 +114,7 @@ def partial_pairs(text: str) -> dict[str, Any]:
 def _default_limit(compiled: Schema, engine: Engine) -> int:
     """The AR answer's default token limit: 12 tokens per closed field, and per open field 12 plus its token limit
     (the field's own, else the engine's ``max_tokens``, the same limit pcd's open rows get), plus 32."""
-    per_field = [12 if f.scored else 12 + (f.max_tokens or engine.options.max_tokens) for f in compiled.fields]
+    per_field = [12 if f.scored else 12 + f.token_limit(engine.options.max_tokens) for f in compiled.fields]
     return sum(per_field) + 32
 
 
