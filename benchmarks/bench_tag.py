@@ -1,7 +1,7 @@
 """Corpus tagging throughput: ``pcd tag``'s job in-process against the same job on Ray Data, side by side.
 
 Every configuration tags the same BBC News articles with the 5-field schema of ``bench_batch.py`` into a fresh
-Parquet file through :func:`pcd_engine.tools.tagging.run_tag_job`, end to end as a user runs it: the engine load
+Parquet file through :func:`pcd_engine.tagging.job.run_tag_job`, end to end as a user runs it: the engine load
 (in-process) or the actors' start and model load (Ray) included, Parquet parts and the final merge included.
 
 Configurations:
@@ -37,11 +37,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.bench_batch import Tags  # noqa: E402
 from pcd_engine import Engine  # noqa: E402
 from pcd_engine.schema import compile_schema  # noqa: E402
-from pcd_engine.tools.corpus import CorpusDocument  # noqa: E402
+from pcd_engine.tagging.corpus import CorpusDocument  # noqa: E402
+from pcd_engine.tagging.job import engine_parts, run_tag_job  # noqa: E402
+from pcd_engine.tagging.output import job_identity  # noqa: E402
+from pcd_engine.tagging.table import row_values  # noqa: E402
 from pcd_engine.tools.datasets import load_dataset  # noqa: E402
-from pcd_engine.tools.tag_output import job_identity  # noqa: E402
-from pcd_engine.tools.tag_table import row_values  # noqa: E402
-from pcd_engine.tools.tagging import engine_parts, run_tag_job  # noqa: E402
 
 
 def _values(path: Path, schema: Any) -> dict[str, Any]:

@@ -606,7 +606,7 @@ print(len(articles), "articles written to", source.name)""",
     ),
     (
         "code",
-        """from pcd_engine.tools.tagging import tag_corpus
+        """from pcd_engine.tagging.job import tag_corpus
 
 engine = Engine.load()
 summary = tag_corpus(source, Article, work / "tags.parquet", engine=engine, id_column="doc", part_size=50)

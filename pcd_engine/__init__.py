@@ -4,8 +4,8 @@ Every allowed value of every field is compiled into a token trie, and all the tr
 one tree-packed forward pass on top of the schema's cached prompt head.
 
 The names below are what the README documents. Importing the package loads neither the command line, the server
-nor the benchmark comparators; :func:`tag_corpus` (the in-process ``pcd tag`` job, which lives with the command
-line) is imported on first use.
+nor the benchmark comparators; :func:`tag_corpus` (the in-process ``pcd tag`` job, :mod:`pcd_engine.tagging`)
+is imported on first use, to keep importing the package light.
 """
 
 from typing import Any
@@ -113,7 +113,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     """``tag_corpus``, imported from the tagging job on first use (PEP 562)."""
     if name == "tag_corpus":
-        from pcd_engine.tools.tagging import tag_corpus
+        from pcd_engine.tagging.job import tag_corpus
 
         return tag_corpus
     raise AttributeError(f"module 'pcd_engine' has no attribute {name!r}")

@@ -12,8 +12,8 @@ the same way:
   joined), :func:`called_text` (an assistant's tool calls) and :func:`tool_result_text` (a tool's result);
   :func:`choice_of` reads a framework's ``tool_choice``;
 * the ``pcd tag`` job's parts, for a distributed runner: :class:`CorpusDocument`, :class:`Runner`,
-  :func:`tag_outcomes`, :func:`tag_columns` and :func:`tag_table` (imported on first use, as they live with the
-  command line).
+  :func:`tag_outcomes`, :func:`tag_columns` and :func:`tag_table` (imported on first use from
+  :mod:`pcd_engine.tagging`, to keep importing the engine light).
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ from pcd_engine.generate.free_text import document_text
 from pcd_engine.run.admission import check_text
 from pcd_engine.tool_calls import called_text, choice_of, tool_result_text
 
-if TYPE_CHECKING:  # imported on first use (see __getattr__): they live with the command line
-    from pcd_engine.tools.corpus import CorpusDocument
-    from pcd_engine.tools.tag_table import tag_columns, tag_table
-    from pcd_engine.tools.tagging import Runner, tag_outcomes
+if TYPE_CHECKING:  # imported on first use (see __getattr__), to keep importing the engine light
+    from pcd_engine.tagging.corpus import CorpusDocument
+    from pcd_engine.tagging.job import Runner, tag_outcomes
+    from pcd_engine.tagging.table import tag_columns, tag_table
 
 __all__ = [
     "CorpusDocument",
@@ -47,11 +47,11 @@ __all__ = [
 ]
 
 _TAGGING = {
-    "CorpusDocument": "pcd_engine.tools.corpus",
-    "Runner": "pcd_engine.tools.tagging",
-    "tag_outcomes": "pcd_engine.tools.tagging",
-    "tag_columns": "pcd_engine.tools.tag_table",
-    "tag_table": "pcd_engine.tools.tag_table",
+    "CorpusDocument": "pcd_engine.tagging.corpus",
+    "Runner": "pcd_engine.tagging.job",
+    "tag_outcomes": "pcd_engine.tagging.job",
+    "tag_columns": "pcd_engine.tagging.table",
+    "tag_table": "pcd_engine.tagging.table",
 }
 
 

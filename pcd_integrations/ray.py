@@ -5,7 +5,7 @@ callable class that loads one :class:`~pcd_engine.engine.Engine` when its actor 
 :meth:`~pcd_engine.engine.Engine.extract_many`. The same code runs on a laptop (``ray.init(num_cpus=2)``) and on
 a cluster (``ray.init(address=...)``, ``num_gpus=1`` per actor). Ray restarts an actor that dies and retries its
 batch, so nothing is lost or written twice. The rows are the tag rows of ``pcd tag``
-(:mod:`pcd_engine.tools.tag_table`); a document that fails becomes an error row. ``pcd tag --ray`` runs its
+(:mod:`pcd_engine.tagging.table`); a document that fails becomes an error row. ``pcd tag --ray`` runs its
 resumable job through :func:`ray_parts`.
 
 Install with ``pip install "pcd-llm[ray]"``.
@@ -147,7 +147,7 @@ def tag_dataset(
 
     Returns:
         The tagged dataset: the input's columns (less the text, unless ``keep_text``), then the tag columns of
-        :mod:`pcd_engine.tools.tag_table`. Nothing runs until it is consumed (``write_parquet``, ``iter_batches``,
+        :mod:`pcd_engine.tagging.table`. Nothing runs until it is consumed (``write_parquet``, ``iter_batches``,
         ``to_pandas``, ...).
 
     Raises:
@@ -190,7 +190,7 @@ def ray_parts(
     num_cpus: float | None = None,
     engine_options: Mapping[str, Any] | None = None,
 ) -> Runner:
-    """The Ray runner of :func:`pcd_engine.tools.tagging.run_tag_job` (``pcd tag --ray``): the documents go to
+    """The Ray runner of :func:`pcd_engine.tagging.job.run_tag_job` (``pcd tag --ray``): the documents go to
     Ray as blocks of ``part_size``, and each finished block comes back to the job as one part, as it finishes.
     Ray must be initialized (``ray.init``) by the caller. The other arguments are :func:`tag_dataset`'s."""
 

@@ -6,9 +6,9 @@ The layers, bottom to top (each may import the layers below it and itself, nothi
 ``errors``, ``lru`` < ``trees`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
 ``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.field_heads`` <
 ``calibrate.heads`` < ``deciders`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
-``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tools``; the facades (the
-package, ``__main__``, ``testing``, ``adapters``) may import anything of pcd_engine. What a lower layer needs of a
-higher one it names as a protocol (``run.host.Host``: the engine as a request sees it;
+``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tagging`` < ``tools``;
+the facades (the package, ``__main__``, ``testing``, ``adapters``) may import anything of pcd_engine. What a
+lower layer needs of a higher one it names as a protocol (``run.host.Host``: the engine as a request sees it;
 ``generate.free_text.ChatModel``), never by importing it.
 
 The backends, the only code that touches tensors, import the token trees and the errors only (the rule above
@@ -49,6 +49,7 @@ LAYERS = [
     "engine",
     "tool_calls",
     "questions",
+    "tagging",
     "tools",
 ]
 FACADES = {"__init__.py", "__main__.py", "testing.py", "adapters.py"}
@@ -196,7 +197,7 @@ def test_the_engine_never_imports_the_integrations(path):
 
 def test_the_ray_runner_is_found_by_its_entry_point_not_imported():
     """``pcd tag --ray`` reaches pcd_integrations' runner through the ``pcd_engine.tag_runners`` entry point."""
-    from pcd_engine.tools.tagging import RUNNERS_GROUP, tag_runner
+    from pcd_engine.tagging.job import RUNNERS_GROUP, tag_runner
 
     pytest.importorskip("ray")
     from pcd_integrations.ray import cli_runner
@@ -208,7 +209,7 @@ def test_the_ray_runner_is_found_by_its_entry_point_not_imported():
 
 def test_an_unknown_runner_is_refused_by_name():
     from pcd_engine.errors import BackendUnavailableError
-    from pcd_engine.tools.tagging import tag_runner
+    from pcd_engine.tagging.job import tag_runner
 
     with pytest.raises(BackendUnavailableError, match="expected a 'dask' runner registered under"):
         tag_runner("dask")

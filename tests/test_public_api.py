@@ -90,7 +90,7 @@ def test_importing_the_package_loads_neither_the_tools_nor_the_comparators():
 
     code = (
         "import sys, pcd_engine; print(sorted(m for m in sys.modules if m.startswith('pcd_engine.tools')));"
-        "pcd_engine.tag_corpus; print('pcd_engine.tools.tagging' in sys.modules)"
+        "pcd_engine.tag_corpus; print('pcd_engine.tagging.job' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
     assert out[:2] == ["[]", "True"]

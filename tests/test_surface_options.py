@@ -20,7 +20,7 @@ SURFACES = [
     "pcd_engine/tools/cli/common.py",
     "pcd_engine/tools/serve/server.py",
     "pcd_engine/tools/serve/answers.py",
-    "pcd_engine/tools/tagging.py",
+    "pcd_engine/tagging/job.py",
     "pcd_integrations/langchain/chat_model.py",
     "pcd_integrations/llamaindex/program.py",
     "pcd_integrations/llamaindex/llm.py",

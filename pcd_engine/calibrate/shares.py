@@ -199,7 +199,7 @@ def value_shares(
 
     Args:
         values: One mapping of field to value per document (:attr:`~pcd_engine.result.ExtractionResult.values`,
-            or :func:`~pcd_engine.tools.tag_table.row_values`); ``None`` for a document that failed (skipped).
+            or :func:`~pcd_engine.tagging.table.row_values`); ``None`` for a document that failed (skipped).
         schema: The schema they were decided with.
         fields: The fields to estimate (default: every closed field of several labels).
 

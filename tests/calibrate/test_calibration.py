@@ -362,8 +362,8 @@ def test_pcd_tag_calibrate_fits_once_tags_calibrated_and_resumes_with_the_same_c
 ):
     import pyarrow.parquet as pq
 
+    from pcd_engine.tagging.table import row_values
     from pcd_engine.tools.cli import main
-    from pcd_engine.tools.tag_table import row_values
 
     texts = [f"Parcel {i} is {'late' if i % 2 else 'broken'}, refund me." for i in range(6)]
     source = tmp_path / "docs.jsonl"

@@ -21,8 +21,8 @@ import ray.data
 
 from pcd_engine.errors import InputError, OptionError, SchemaError
 from pcd_engine.schema import compile_schema
+from pcd_engine.tagging.table import row_values
 from pcd_engine.tools.cli import main
-from pcd_engine.tools.tag_table import row_values
 from pcd_integrations.ray import tag_dataset
 from tests.support import BBC_SCHEMA
 from tests.tools.test_tag import OPTIONS, SCHEMA, assert_rows_match, texts, write_jsonl
@@ -140,7 +140,7 @@ def test_bbc_articles_on_ray_equal_in_process_row_for_row_and_extract_one_at_a_t
     rows equal ``extract`` one document at a time, whose results test_batch has already computed for the same
     articles (a session memo). It was 200 articles, then 64: the Ray path (blocks, actors, one engine per actor,
     the tagging runner) is the same for any count, and each cut gave CI time back (tests/conftest.py's bbc_leads)."""
-    from pcd_engine.tools.tagging import tag_corpus
+    from pcd_engine.tagging.job import tag_corpus
 
     leads = bbc_leads
     ids = [f"n{i}" for i in range(len(leads))]

@@ -23,11 +23,11 @@ from pcd_engine import Engine
 from pcd_engine.errors import InputError, OptionError, SchemaError
 from pcd_engine.options import ExtractOptions
 from pcd_engine.schema import compile_schema
+from pcd_engine.tagging.corpus import CorpusDocument, read_corpus
+from pcd_engine.tagging.job import engine_parts, run_tag_job, tag_corpus
+from pcd_engine.tagging.output import check_output, job_identity, read_tag_table
+from pcd_engine.tagging.table import row_values, tag_columns, tag_table
 from pcd_engine.tools.cli import main
-from pcd_engine.tools.corpus import CorpusDocument, read_corpus
-from pcd_engine.tools.tag_output import check_output, job_identity, read_tag_table
-from pcd_engine.tools.tag_table import row_values, tag_columns, tag_table
-from pcd_engine.tools.tagging import engine_parts, run_tag_job, tag_corpus
 
 SCHEMA = {
     "title": "Note",

@@ -34,7 +34,7 @@ def add(sub: Any) -> None:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from pcd_engine.calibrate.calibrator import FIT_CHUNK, Calibrator
-    from pcd_engine.tools.corpus import read_corpus
+    from pcd_engine.tagging.corpus import read_corpus
 
     schema = common.read_schema(args)
     docs = read_corpus(args.input, text_column=args.text_column, limit=args.limit)

@@ -83,7 +83,7 @@ def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[st
         InputError: If a file cannot be read, a column is missing, or no document is labelled.
     """
     from pcd_engine.calibrate.heads import HEADED_KINDS
-    from pcd_engine.tools.corpus import read_corpus, read_records
+    from pcd_engine.tagging.corpus import read_corpus, read_records
     from pcd_engine.tools.serve.outcomes import logged_examples
 
     if (args.input is None) == (args.log is None):

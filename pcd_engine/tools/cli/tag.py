@@ -63,10 +63,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
     from pcd_engine.backends import select_backend
     from pcd_engine.models.resolve import resolve_model
     from pcd_engine.schema import compile_schema
-    from pcd_engine.tools.corpus import read_corpus
-    from pcd_engine.tools.tag_output import check_output, job_identity, output_path
-    from pcd_engine.tools.tag_table import tag_columns
-    from pcd_engine.tools.tagging import engine_parts, run_tag_job
+    from pcd_engine.tagging.corpus import read_corpus
+    from pcd_engine.tagging.job import engine_parts, run_tag_job
+    from pcd_engine.tagging.output import check_output, job_identity, output_path
+    from pcd_engine.tagging.table import tag_columns
 
     if args.preset and args.schema:
         raise OptionError("pcd tag: expected either --preset or --schema, but got both.")
@@ -171,7 +171,7 @@ def _ray_runner(
     """The Ray runner, found by name among the installed ``pcd_engine.tag_runners`` (pcd_integrations registers
     it), so that the engine never imports the integrations."""
     from pcd_engine.errors import require
-    from pcd_engine.tools.tagging import tag_runner
+    from pcd_engine.tagging.job import tag_runner
 
     require("ray", what="pcd tag --ray", install=pip_install("ray"))
     factory = tag_runner("ray")

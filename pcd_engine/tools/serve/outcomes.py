@@ -93,7 +93,7 @@ def logged_examples(path: str | os.PathLike[str], schema: Schema) -> list[tuple[
     Raises:
         InputError: If the file cannot be read, or a line is not a log entry (naming the line).
     """
-    from pcd_engine.tools.corpus import json_lines
+    from pcd_engine.tagging.corpus import json_lines
 
     if not Path(path).is_file():
         raise InputError(f"Log {str(path)!r}: expected a pcd serve --log file, but there is none.")

@@ -1,6 +1,6 @@
 """Tagging a corpus into one Parquet table, resumable and loss-free (``pcd tag`` and :func:`tag_corpus`).
 
-A job reads the documents (:mod:`pcd_engine.tools.corpus`), skips those whose ids its output already holds, and
+A job reads the documents (:mod:`pcd_engine.tagging.corpus`), skips those whose ids its output already holds, and
 tags the rest in parts: each part (a few dozen documents, decided with :meth:`Engine.extract_many`) is written
 as its own Parquet file into ``OUT.parts/``, atomically (written under a temporary name, then renamed), so that
 a job stopped at any moment (Ctrl-C, a killed process, a lost machine) loses at most the part in flight. When
@@ -13,9 +13,9 @@ A job is the schema, the model, the extraction options and the input columns; it
 job is an :class:`~pcd_engine.errors.InputError` (never a silent mix); ``overwrite=True`` starts afresh. One
 process at a time writes an output (a lock file ``OUT.lock`` while it runs).
 
-The rows are :func:`~pcd_engine.tools.tag_table.tag_table`'s; a document that fails (empty, too long, a
+The rows are :func:`~pcd_engine.tagging.table.tag_table`'s; a document that fails (empty, too long, a
 decoding error) becomes an error row and the job goes on. The output's files and the job description are
-:mod:`pcd_engine.tools.tag_output`'s.
+:mod:`pcd_engine.tagging.output`'s.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from pcd_engine.errors import (
 from pcd_engine.options import ExtractOptions, surface_options
 from pcd_engine.run.admission import check_text
 from pcd_engine.schema import Schema, compile_schema
-from pcd_engine.tools.corpus import CorpusDocument, check_unique, read_corpus
-from pcd_engine.tools.tag_output import TagOutput, job_identity, output_path
-from pcd_engine.tools.tag_table import ERROR_COLUMN, row_values, tag_columns, tag_table
+from pcd_engine.tagging.corpus import CorpusDocument, check_unique, read_corpus
+from pcd_engine.tagging.output import TagOutput, job_identity, output_path
+from pcd_engine.tagging.table import ERROR_COLUMN, row_values, tag_columns, tag_table
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
@@ -286,7 +286,7 @@ def tag_corpus(
 
     Args:
         input: A JSONL, CSV or Parquet file or a folder of text files (see
-            :func:`~pcd_engine.tools.corpus.read_corpus`), or the documents themselves.
+            :func:`~pcd_engine.tagging.corpus.read_corpus`), or the documents themselves.
         schema: A Pydantic model class, JSON Schema dict, preset dict or compiled schema.
         output: The ``.parquet`` file to write; its parts go to ``<output>.parts/`` meanwhile.
         engine: The engine to tag with; ``None`` loads ``model`` on ``backend``.

@@ -1,6 +1,6 @@
-"""The output of a tagging job (``pcd tag``, :func:`~pcd_engine.tools.tagging.tag_corpus`): the Parquet file, its
+"""The output of a tagging job (``pcd tag``, :func:`~pcd_engine.tagging.job.tag_corpus`): the Parquet file, its
 parts folder and job file (:class:`TagOutput`), what makes two runs the same job (:func:`job_identity`), and how a
-finished table is read back (:func:`read_tag_table`). See :mod:`pcd_engine.tools.tagging` for the job itself.
+finished table is read back (:func:`read_tag_table`). See :mod:`pcd_engine.tagging.job` for the job itself.
 """
 
 from __future__ import annotations
