@@ -24,7 +24,7 @@ from pcd_engine.errors import OptionError
 
 ROOT = Path(__file__).resolve().parents[2]
 OWNERS = (ROOT / "pcd_engine" / "deciders",)
-RESOLVER = ROOT / "pcd_engine" / "options.py"  # resolves the one decider from the three options
+RESOLVER = ROOT / "pcd_engine" / "options" / "extract.py"  # resolves the one decider from the three options
 SCHEMA = {
     "tone": {"type": "enum", "choices": ["calm", "angry", "sad"]},
     "tags": {"type": "multi", "choices": ["a", "b"]},

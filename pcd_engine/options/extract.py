@@ -1,13 +1,6 @@
-"""One options object for every call, from every surface: :class:`ExtractOptions`.
-
-The command line, the HTTP APIs and the LangChain and LlamaIndex adapters each map their own knobs onto an
-:class:`ExtractOptions`; the engine merges it over its :class:`EngineOptions` field by field
-(a field left ``None`` keeps the engine's default). A setting is honoured or refused, never dropped: an unknown
-name is an :class:`~pcd_engine.errors.OptionError` that names it and the nearest known one, on every surface.
-
-The prompt format (``instructions``, ``list_choices``, ``quoted_booleans``, ``chat_template_kwargs``) changes the
-prompt the model sees, so it is part of the key of the schema's cached head.
-"""
+"""A call's options: :class:`ExtractOptions` (and :class:`PromptFormat`, the part that changes the prompt and so
+keys the schema's cached head). They are checked on construction, laid over the engine's defaults field by field
+(:meth:`ExtractOptions.over`), and resolve the call's one decider (:attr:`ExtractOptions.decider`)."""
 
 from __future__ import annotations
 
@@ -15,7 +8,7 @@ import difflib
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
 
@@ -23,19 +16,9 @@ from pcd_engine.deciders import Decider, decider_for
 from pcd_engine.deciders.corrections import CORRECTIONS as _CORRECTIONS
 from pcd_engine.deciders.corrections import NoCorrection, correction_named
 from pcd_engine.errors import InputError, OptionError, check_count
-from pcd_engine.limits import DEFAULT_LIMITS, RequestLimits
+from pcd_engine.limits import RequestLimits
 
-__all__ = [
-    "CORRECTIONS",
-    "STAGINGS",
-    "STRATEGIES",
-    "STRATEGY_ALIASES",
-    "EngineOptions",
-    "ExtractOptions",
-    "PromptFormat",
-    "check_batch_size",
-    "surface_options",
-]
+__all__ = ["CORRECTIONS", "STAGINGS", "STRATEGIES", "STRATEGY_ALIASES", "ExtractOptions", "PromptFormat"]
 
 STRATEGIES = ("marginal", "exact", "trie_walk")
 # How a wave's tree is read (see pcd_engine.decide.staging): the cost model's choice, always whole, or always staged.
@@ -289,117 +272,6 @@ class ExtractOptions:
         )
 
 
-@dataclass(frozen=True)
-class EngineOptions:
-    """Engine-wide settings.
-
-    Attributes:
-        anchor: Decide the first field alone and write it into the prompt before the others (one extra pass,
-            usually better answers). ``depends_on`` adds waves either way; a later wave's prompt holds the
-            anchor's answer and the answers its fields depend on, not every earlier answer.
-        head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
-        memory_budget_mb: Estimated peak memory of one pass, which every pass keeps within: the head prefill and
-            the document are fed in causal chunks, a wave's tree is split into passes, and open rows that cannot
-            fit are refused before any work with :class:`~pcd_engine.errors.LimitError`. ``None`` takes the
-            backend's default (1 GiB on CPU, a quarter of the GPU's memory up to 16 GiB).
-        marginal_max_labels: Fields with up to this many labels use the marginal strategy by default; larger
-            ones use the trie walk.
-        top_k: How many alternatives each field reports.
-        low_mass_warning: Warn when a field's candidate mass is below this.
-        max_tokens: The most tokens generated for one open field's value (a field's own ``max_tokens`` wins);
-            a value cut there is flagged ``truncated``.
-        draft_tokens: The most tokens an open row proposes from the document per pass (see
-            :class:`ExtractOptions`); 0 turns drafting off.
-        limits: Per-request limits (labels, generated tokens, time); a call's ``limits`` replaces them. The
-            default bounds time alone (:data:`~pcd_engine.limits.DEFAULT_LIMITS`: 600 s a request).
-        special_tokens: Read control strings in documents (``<|im_end|>``, ``<|im_start|>system``) as the
-            template's control tokens. Off by default: a document is plain text and cannot open a turn.
-        strategy: The default strategy (see :class:`ExtractOptions`); ``None`` lets the
-            engine choose per field.
-        temperature: The default temperature of the reported probabilities.
-        staging: The default staging (see :class:`ExtractOptions`).
-        pass_cost: ``(fixed_ms, node_ms)``: what one forward pass costs on this device, for the staging cost
-            model; ``None`` measures it with a few timed passes the first time a wave could be staged.
-        prompt: The default prompt format (custom instructions, listing the choices, quoted booleans, chat
-            template arguments).
-        batch_size: The most documents :meth:`~pcd_engine.engine.Engine.extract_many` decides in one pass;
-            ``None`` lets the engine choose (PyTorch: 4 on CPU; MLX: 1 on CPU; 32 on a GPU or Metal; 1 where the
-            backend does not batch documents).
-            The memory budget and the documents' lengths may split a batch further.
-        correction: The default correction of the model's label lean (see :class:`ExtractOptions`):
-            ``"auto"``, the content-free lean (chosen from ``benchmarks/bench_corrections.py``'s table); ``"none"``
-            decides with the model's own distributions.
-    """
-
-    anchor: bool = True
-    head_cache_size: int = 8
-    memory_budget_mb: float | None = None
-    marginal_max_labels: int = 32
-    top_k: int = 5
-    low_mass_warning: float = 0.1
-    max_tokens: int = 64
-    draft_tokens: int = 8
-    limits: RequestLimits = DEFAULT_LIMITS
-    special_tokens: bool = False
-    strategy: str | None = None
-    temperature: float = 1.0
-    staging: str = "auto"
-    pass_cost: tuple[float, float] | None = None
-    prompt: PromptFormat = field(default_factory=PromptFormat)
-    batch_size: int | None = None
-    correction: str = "auto"
-
-    def __post_init__(self) -> None:
-        check_batch_size(self.batch_size)
-        correction_named(self.correction)  # refuses an unknown name
-        check_count(self.max_tokens, "max_tokens", optional=False)
-        check_count(self.head_cache_size, "head_cache_size", optional=False)
-        if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:
-            raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
-        check_count(self.top_k, "top_k", optional=False)
-        if not isinstance(self.limits, RequestLimits):
-            raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
-        if not isinstance(self.prompt, PromptFormat):
-            raise OptionError(f"prompt: expected a PromptFormat, but got {type(self.prompt).__name__}.")
-        cost = self.pass_cost
-        if cost is not None and (
-            not isinstance(cost, tuple)
-            or len(cost) != 2
-            or not all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in cost)
-            or min(cost) < 0
-        ):
-            raise OptionError(f"pass_cost: expected (fixed_ms, node_ms), two numbers >= 0, but got {cost!r}.")
-        self.defaults()  # the defaults must themselves be valid options
-
-    def defaults(self) -> ExtractOptions:
-        """Every per-call option at this engine's default; a call's :class:`ExtractOptions` is laid over it."""
-        return ExtractOptions(
-            strategy=self.strategy,
-            temperature=self.temperature,
-            staging=self.staging,
-            anchor=self.anchor,
-            max_tokens=self.max_tokens,
-            draft_tokens=self.draft_tokens,
-            memory_budget_mb=self.memory_budget_mb,
-            instructions=self.prompt.instructions,
-            list_choices=self.prompt.list_choices,
-            quoted_booleans=self.prompt.quoted_booleans,
-            chat_template_kwargs=self.prompt.chat_template_kwargs,
-            limits=self.limits,
-            correction=self.correction,
-        )
-
-
-def check_batch_size(value: Any) -> int | None:
-    """``value`` as a batch size: an integer >= 1, or ``None`` for the engine's choice.
-
-    Raises:
-        OptionError: If it is anything else (a bool, a float, a string, zero or less).
-    """
-    count: int | None = check_count(value, "batch_size")
-    return count
-
-
 def _strategy(name: Any) -> str | None:
     if not isinstance(name, str):
         raise OptionError(f"strategy: expected a strategy name (a string), but got {name!r}.")
@@ -452,46 +324,3 @@ def _head(value: Any) -> Any:
     except InputError as exc:  # given as an option, a malformed head is a bad option
         raise OptionError(f"head: {exc}") from None
     raise OptionError(f"head: expected a Head, its JSON or the path of a saved head, but got {type(value).__name__}.")
-
-
-def surface_options(
-    *layers: tuple[str, ExtractOptions | Mapping[str, Any] | None],
-    temperature: Any = None,
-    timeout: Any = None,
-    max_tokens: Any = None,
-    calibration: Any = None,
-    head: Any = None,
-) -> ExtractOptions:
-    """The options a call from one of pcd's surfaces runs with: the one place where a surface's settings become
-    :class:`ExtractOptions` (the CLI's flags, the server's request fields, LangChain's and LlamaIndex's model
-    settings and options, Ray's options), so a setting means the same, and is checked the same, everywhere.
-
-    Args:
-        *layers: ``(where, options)`` pairs, the first winning field by field: each an :class:`ExtractOptions`, a
-            mapping of its field names (an unknown name is refused, naming ``where``), or ``None``.
-        temperature: A chat API's ``temperature``, under every layer: a positive number reshapes the structured
-            probabilities (the decisions are the same at any temperature); ``0`` or ``None`` keeps the engine's.
-        timeout: Seconds a call may run (:attr:`RequestLimits.time_limit_s`), under every layer; ``0`` or ``None``:
-            the engine's limits (by default :data:`~pcd_engine.limits.DEFAULT_TIME_LIMIT_S`).
-        max_tokens: The most tokens of each open field's value (an integer >= 1), under every layer; ``None``: the
-            engine's.
-        calibration: A :class:`~pcd_engine.calibrate.calibrator.Calibrator` or its JSON, under every layer.
-        head: A :class:`~pcd_engine.calibrate.heads.Head`, its JSON or a saved head's path, under every layer.
-
-    Raises:
-        OptionError: If a layer names an unknown option, or a value is out of range (naming it).
-    """
-    if temperature is not None and (
-        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0
-    ):
-        raise OptionError(f"temperature: expected a number >= 0, but got {temperature!r}.")
-    merged = ExtractOptions(
-        temperature=temperature or None,
-        limits=RequestLimits(time_limit_s=timeout) if timeout else None,
-        max_tokens=max_tokens,
-        calibration=calibration,
-        head=head,
-    )
-    for where, data in reversed(layers):
-        merged = ExtractOptions.parse(data, where=where).over(merged)
-    return merged
