@@ -109,8 +109,8 @@ class Headed(Decider):
         """The head's distribution where it has a head for ``spec`` and the features were kept (a single-label
         field of more than one label); else the fallback's reading."""
         field_head = self.head.field(spec.name)
-        raw = own_distribution(spec, decisions)
         if field_head is not None and features is not None:
+            raw = own_distribution(spec, decisions)  # the fallback reads its own: worked out only where used here
             if spec.kind == "multi":
                 return Reading(tuple(field_head.yes(features)), raw, by=self.source, method=self.source)
             if len(raw) > 1:

@@ -428,7 +428,6 @@ def open_lean(host: Host, schema: Schema, call: ExtractOptions) -> Lean:
     uncorrected in one batch, nothing generated) and kept in the host's compile cache; a batch's leans come with
     each wave."""
     before, tick = host.backend.thread_passes, time.perf_counter()
-    closed = [s for s in schema.fields if s.scored and len(s.labels) > 1]
     asked: list[str | None] = []  # the strategies it was read with: nothing is spent on a lean not read
 
     def read_content_free(strategy: str | None) -> Calibrator:
@@ -437,6 +436,7 @@ def open_lean(host: Host, schema: Schema, call: ExtractOptions) -> Lean:
         key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
 
         def read() -> Calibrator:
+            closed = [s for s in schema.fields if s.scored and len(s.labels) > 1]
             documents = [Document(t, schema, plain, where=f"content-free input {t!r}") for t in CONTENT_FREE_TEXTS]
             results = []
             for done in read_batch(host, documents, max_documents=host.batch_size()):
