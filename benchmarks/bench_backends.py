@@ -3,9 +3,9 @@
 Each backend runs in its own worker process, one after the other, because MLX on Linux uses OpenBLAS threads
 that busy-wait and would slow PyTorch's threads down in a shared process. For each preset and backend:
 
-* ``default ms``: ``extract`` with default settings (anchor, depends_on waves), median of N, warm head cache;
+* ``default ms``: ``extract`` with default settings (anchor, depends_on waves), median of N, warm preamble cache;
 * ``1-pass ms``: ``anchor=False`` and ``depends_on`` dropped, so the request is ONE forward pass;
-* ``floor``: ONE plain causal pass of the model over the same number of new tokens on the same warm head, with
+* ``floor``: ONE plain causal pass of the model over the same number of new tokens on the same warm preamble, with
   its own causal mask, reading the same number of rows; ``1-pass/floor`` is pcd's overhead on that backend;
 * the forward passes of each, and how many fields the two backends decide identically;
 * with ``--ar``: the autoregressive baseline writing the full answer (as many tokens as pcd's answer as pretty

@@ -1,7 +1,7 @@
 """Documents per second: ``Engine.extract_many`` with batches of 1, 4, 16 and 64 documents against the loop of
 ``extract`` calls, side by side in one run, on BBC News articles with a 5-field tagging schema.
 
-Each configuration tags the same documents on the same engine (the schema head is warm), ``--repeats`` times;
+Each configuration tags the same documents on the same engine (the schema preamble is warm), ``--repeats`` times;
 the table gives the median documents per second, the ratio to the loop, the passes the backend ran, how many
 documents shared a pass on average, the peak growth of resident memory (CPU) or of allocated GPU memory, and
 whether every decision equals the loop's.
@@ -80,7 +80,7 @@ def main() -> None:
     docs = [d.text[: args.chars] for d in load_dataset("bbc-news", limit=args.docs, seed=0)]
     cuda = getattr(getattr(engine.backend, "_device", None), "type", "cpu") == "cuda"
     measure = (lambda fn: _gpu_peak(engine, fn)) if cuda else peak_rss
-    engine.extract(docs[0], schema)  # the head prefill is not part of any row
+    engine.extract(docs[0], schema)  # the preamble prefill is not part of any row
     tokens = [len(engine.prompt_for(d, schema)) for d in docs]
     print(f"model {args.model or 'smollm2-135m'}, backend {engine.backend.name} ({engine.backend.scorer}), "
           f"{len(docs)} BBC articles, prompt tokens median {statistics.median(tokens):.0f} "

@@ -8,7 +8,7 @@ the embedded model, and a batch of 64 states against a loop.
   (:func:`pcd_engine.tools.baseline.generate_baseline`), whose validity is reported.
 
 Each cell is the median of ``--repeats`` runs, the three ways alternating so that the machine's noise falls on all
-alike; passes are the forward passes each way ran (the schema's cached prompt head is prefilled once, before the
+alike; passes are the forward passes each way ran (the schema's cached preamble is prefilled once, before the
 timed runs). The batch rows decide ``--states`` tickets with the same questions in one ``batch`` and one by one.
 
     .venv/bin/python benchmarks/bench_decisions.py --repeats 3 --states 64
@@ -84,7 +84,7 @@ def request_rows(engine: Engine, repeats: int) -> list[str]:
         schema = json_schema(asked)
         structured = chat.with_structured_output(schema, include_raw=True)
         request = {"state": TICKET, "questions": asked}
-        decider.decide([TICKET], asked)  # warm: the schema's head prefilled and its lean read
+        decider.decide([TICKET], asked)  # warm: the schema's preamble prefilled and its lean read
         structured.invoke(TICKET)
         ms: dict[str, list[float]] = {"decision": [], "structured": [], "ar": []}
         passes: dict[str, int] = {}

@@ -2,10 +2,10 @@
 
 For each preset, in one run on the same model and prompt:
 
-* ``extract 1-wave``: ``anchor=False``, so the request is ONE forward pass on the warm head (median of N);
+* ``extract 1-wave``: ``anchor=False``, so the request is ONE forward pass on the warm preamble (median of N);
 * ``extract``: default settings (anchor, depends_on waves) (median of N);
 * ``floor``: ONE plain causal forward pass over the same number of new tokens (document + tail + tree nodes) on
-  the same warm head cache, with the model's own causal mask, reading the same number of output rows;
+  the same warm preamble cache, with the model's own causal mask, reading the same number of output rows;
 * the AR baseline (same model, same prompt, greedy JSON) with its tokens and validity, and the speed-ups.
 
 Then the peak extra memory of the decision step for one field of 4, 28 and 255 labels, and for the 28-field
@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         print(line)
 
-    print("\n## Decision-step peak memory (one request, warm head, anchor=False)\n")
+    print("\n## Decision-step peak memory (one request, warm preamble, anchor=False)\n")
     print("| schema | labels | prompt tokens | tree nodes | peak extra MB | per-row KV copies would hold MB |")
     print("|---|---|---|---|---|---|")
     kv = kv_bytes_per_token(backend.model)

@@ -2,7 +2,7 @@
 
 Prints one Markdown table. Each row is one request the probe found unbounded:
 
-* a schema too long for the window (1,500 and 10,000 labels): refused before the head prefill;
+* a schema too long for the window (1,500 and 10,000 labels): refused before the preamble prefill;
 * wide integer ranges (``maximum: 3e7`` and ``1e9``): counted by arithmetic, the field generated instead;
 * open-row masks at 200 rows x 64 tokens: the new rows only, against the whole matrix sliced (measured side by
   side in this run, per step, at the last step);

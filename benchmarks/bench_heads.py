@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import labelled_arguments  # noqa: E402
 from pcd_engine import Calibrator, Engine, Head  # noqa: E402
-from pcd_engine.calibrate.field_heads import fit_field_head  # noqa: E402
-from pcd_engine.calibrate.gates import scores  # noqa: E402
-from pcd_engine.calibrate.heads import FEATURE_RECIPES  # noqa: E402
+from pcd_engine.heads.fields import fit_field_head  # noqa: E402
+from pcd_engine.heads.gates import scores  # noqa: E402
+from pcd_engine.heads.head import FEATURE_RECIPES  # noqa: E402
 from pcd_engine.tools.datasets import load_dataset  # noqa: E402
 from pcd_engine.tools.eval import eval_schema  # noqa: E402
 
@@ -128,7 +128,7 @@ def cost_table(engine: Engine, docs: int, max_chars: int, repeats: int) -> None:
     head = Head.fit(engine, schema, fit_on)
     texts = [d.text[:max_chars] for d in data[:docs]]
     plain_ms, head_ms, passes = [], [], set()
-    engine.extract(texts[0], schema), engine.extract(texts[0], schema, head=head)  # warm the head cache
+    engine.extract(texts[0], schema), engine.extract(texts[0], schema, head=head)  # warm the preamble cache
     for _ in range(repeats):
         for text in texts:
             for which in ("plain", "head"):

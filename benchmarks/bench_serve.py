@@ -2,7 +2,7 @@
 
 Starts two apps with uvicorn on free loopback ports, on one engine (default model unless ``--model``): one that
 decides every request alone, and one that collects concurrent requests for a few milliseconds and decides them
-in shared batches (the default of ``pcd serve``). For each, it warms the schema's head, times four requests one
+in shared batches (the default of ``pcd serve``). For each, it warms the schema's preamble, times four requests one
 after another (four different texts), then ``--concurrent`` at once from a thread pool, and prints throughput
 (and its ratio to the serial rate), latencies, how many documents shared each pass, and whether every concurrent
 answer equals the serial one (decisions identical, probabilities within 1e-4).

@@ -11,7 +11,7 @@ Presets: ``catalogue_255`` (255 short labels), ``customs_255`` (255 long labels 
 * **staged exact**: ``strategy="exact", staging="auto"`` against ``strategy="exact", staging="one_pass"``;
 * **walk**: the first pcd's staged greedy walk (:mod:`pcd_engine.tools.greedy_walk`), one pass per label token;
 * **full-answer AR**: the model writing exactly as many tokens as pcd's answer as pretty JSON (EOS ignored), from
-  the whole prompt (it has no head cache; as in every AR column of ``benchmarks/RESULTS.md``).
+  the whole prompt (it has no preamble cache; as in every AR column of ``benchmarks/RESULTS.md``).
 
 ``agree`` counts the fields whose value equals pcd's. Timings are medians of ``--repeats`` runs.
 
@@ -52,7 +52,7 @@ def bench(engine: Engine, ref: str, repeats: int) -> dict[str, Any]:
         return engine.extract(text, schema, **knobs, **more)
 
     for setting in ({}, {"staging": "one_pass"}, {"strategy": "exact"}, {"strategy": "exact", "staging": "one_pass"}):
-        run(**setting)  # warm: the head prefill and the pass-cost measurement are not timed
+        run(**setting)  # warm: the preamble prefill and the pass-cost measurement are not timed
     out, whole = run(), run(staging="one_pass")
     exact, exact_whole = run(strategy="exact"), run(strategy="exact", staging="one_pass")
     walk = generate_greedy_walk(engine, text, schema, **knobs)

@@ -46,11 +46,11 @@ def peak_rss(fn: Callable[[], Any]) -> tuple[float, float, Any]:
 
 
 def floor_ms(engine: Any, preset: Any, out: Any, repeats: int, sync: Any = lambda: None) -> float:
-    """ONE plain causal pass over (document + tail + tree nodes) new tokens on the warm head, with the model's
+    """ONE plain causal pass over (document + tail + tree nodes) new tokens on the warm preamble, with the model's
     own causal mask, reading as many output rows as the 1-pass extract ``out`` read."""
-    head, prefix = engine.head(out.schema)
+    prompt, prefix = engine.schema_prompt(out.schema)
     new = out.stats.prompt_tokens - out.stats.cached_tokens + out.stats.nodes_scored
-    ids = engine.prompt_for(preset.context, out.schema)[len(head.prompt.head_ids) :]
+    ids = engine.prompt_for(preset.context, out.schema)[len(prompt.chat.preamble_ids) :]
     tokens = (ids * (new // max(len(ids), 1) + 1))[:new]
     run = engine.backend.plain_pass(prefix, tokens, rows=out.stats.nodes_scored + 1)
     run()

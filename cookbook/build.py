@@ -103,7 +103,7 @@ print([f.name for f in out.low_confidence(min_probability=0.8, min_candidate_mas
     (
         "md",
         """`stats` counts the work. By default the first field is decided alone and written into the prompt (the
-*anchor*), then every other field in one more pass; the schema's head was prefilled once and is reused.
+*anchor*), then every other field in one more pass; the schema's preamble was prefilled once and is reused.
 `anchor=False` makes a request ONE forward pass.""",
     ),
     (

@@ -1,7 +1,7 @@
 """pcd_engine: structured decisions from local LLMs, decided in parallel from token tries.
 
 Every allowed value of every field is compiled into a token trie, and all the tries of a wave are scored in
-one tree-packed forward pass on top of the schema's cached prompt head.
+one tree-packed forward pass on top of the schema's cached preamble.
 
 The names below are what the README documents. Importing the package loads neither the command line, the server
 nor the benchmark comparators; :func:`tag_corpus` (the in-process ``pcd tag`` job, :mod:`pcd_engine.tagging`)
@@ -11,7 +11,6 @@ is imported on first use, to keep importing the package light.
 from typing import Any
 
 from pcd_engine.calibrate.calibrator import Calibrator
-from pcd_engine.calibrate.heads import Head
 from pcd_engine.calibrate.shares import LabelShares, label_shares
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
@@ -29,6 +28,7 @@ from pcd_engine.errors import (
     SchemaError,
 )
 from pcd_engine.generate.free_text import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
+from pcd_engine.heads.head import Head
 from pcd_engine.limits import RequestLimits
 from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL, default_model_path
 from pcd_engine.options import ExtractOptions, PromptFormat, surface_options

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from pcd_engine import Engine, PCDError
-from pcd_engine.tools.terminal import RESULT_HEAD, result_rows, shorten, show_table
+from pcd_engine.tools.terminal import RESULT_COLUMNS, result_rows, shorten, show_table
 
 
 class Ticket(BaseModel):
@@ -40,7 +40,7 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"text: {shorten(text)}\n")
-    show_table(RESULT_HEAD, result_rows(out))
+    show_table(RESULT_COLUMNS, result_rows(out))
     if any(f.raw_probability is not None for f in out.fields.values()):
         print(
             "\n(raw P) is the model's own probability; the other is after dividing out its label lean "

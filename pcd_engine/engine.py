@@ -1,6 +1,6 @@
 """The Engine: load a model, then fill in schemas from text with tree-packed decisions.
 
-One request runs, per wave of fields, ONE forward pass on top of the schema head's cached KV: the document (or
+One request runs, per wave of fields, ONE forward pass on top of the schema preamble's cached KV: the document (or
 the answers written by the previous wave) as a causal block, followed by the packed trie of every label of
 every field in the wave. A wave's tree is split over several passes only when it would exceed the memory budget.
 Open fields come last: every closed answer is written into the prompt, and one row per open field is generated
@@ -12,8 +12,8 @@ the memory budget. Nothing is cached for a request that fails. Time limits and c
 every forward pass.
 
 A call runs as a :class:`~pcd_engine.run.request.Request` (its own tokens, answers, results and statistics) in four
-steps: open (checks, tokenization, the head prefill when it is not cached), one ``decide_wave`` per wave,
-``generate`` for the open rows, and ``result``. What is compiled once (schema heads with their KV, compiled waves,
+steps: open (checks, tokenization, the preamble prefill when it is not cached), one ``decide_wave`` per wave,
+``generate`` for the open rows, and ``result``. What is compiled once (schema preambles with their KV, compiled waves,
 pass plans, row plans) lives in the engine's :class:`~pcd_engine.run.compile_cache.CompileCache`.
 
 Concurrency: an :class:`Engine` may be called from many threads. The compile cache is a set of thread-safe LRUs,
@@ -33,11 +33,11 @@ import numpy as np
 
 from pcd_engine.backends import select_backend
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
-from pcd_engine.calibrate.heads import HEADED_KINDS
 from pcd_engine.decide.staging import PassCost, measure_pass_cost
 from pcd_engine.deciders.corrections import CORRECTION_WINDOW
 from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.generate.open_rows import Grammars
+from pcd_engine.heads.head import HEADED_KINDS
 from pcd_engine.lru import LRU
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
@@ -46,7 +46,7 @@ from pcd_engine.run.admission import check_text
 from pcd_engine.run.batch import Document, open_lean, read_batch, read_features, run_batch
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.collector import Collector
-from pcd_engine.run.compile_cache import CompileCache, Head
+from pcd_engine.run.compile_cache import CompileCache, SchemaPrompt
 from pcd_engine.run.opening import prefill
 from pcd_engine.run.request import Request
 from pcd_engine.schema import Schema, compile_schema
@@ -82,7 +82,7 @@ class Engine:
             raise OptionError(f"Engine options: {exc}. Known options: {sorted(base.__dict__)}.") from None
         self.backend = backend
         self.tokenizer = TokenizerView(backend.tokenizer)
-        self.cache = CompileCache(self.tokenizer, heads=self.options.head_cache_size)
+        self.cache = CompileCache(self.tokenizer, prompts=self.options.prompt_cache_size)
         self.grammars = Grammars(backend.tokenizer)
         self._collector: Collector | None = None
         self._collector_lock = threading.Lock()
@@ -275,7 +275,7 @@ class Engine:
 
         Documents are taken in windows of four batches, sorted by length within a window (so that padding stays
         small), and decided together: one pass per wave for a whole batch where the backend batches documents
-        (the packed PyTorch scorer), one pass per document otherwise (MLX, the rows fallback). The schema head
+        (the packed PyTorch scorer), one pass per document otherwise (MLX, the rows fallback). The schema preamble
         is prefilled once and shared. Open fields are generated per document. Each result equals what
         :meth:`extract` gives for that text alone (decisions identical, log-probs within float rounding);
         ``stats.documents_per_pass`` says how many documents shared each of its passes.
@@ -371,10 +371,10 @@ class Engine:
         fields: Iterable[str] | None = None,
         batch_size: int | None = None,
     ) -> list[tuple[dict[str, FieldResult], dict[str, np.ndarray]]]:
-        """:meth:`read_closed`, keeping the features a decision head reads (:mod:`pcd_engine.calibrate.heads`) from
+        """:meth:`read_closed`, keeping the features a decision head reads (:mod:`pcd_engine.heads.head`) from
         the same passes: per document, its closed fields' results and, per closed field, the last layer's state
         where the field's decision is read followed by the middle layer's mean over the document (a multi-label
-        field: one such row per label, where its flag is decided). What :meth:`~pcd_engine.calibrate.heads.Head.fit`
+        field: one such row per label, where its flag is decided). What :meth:`~pcd_engine.heads.head.Head.fit`
         reads. ``texts``, ``schema``, ``options`` and ``batch_size`` as for :meth:`read_closed`; ``fields``: the
         fields to keep features of (``None``: every closed field with two labels or more).
 
@@ -444,7 +444,7 @@ class Engine:
     def prompt_for(
         self, text: str, schema: Any, options: ExtractOptions | Mapping[str, Any] | None = None, **knobs: Any
     ) -> list[int]:
-        """Token ids of the full prompt the model sees for ``text`` (head, document and tail up to ``{``), with
+        """Token ids of the full prompt the model sees for ``text`` (preamble, document and tail up to ``{``), with
         this call's prompt format (``options`` and ``knobs`` as for :meth:`extract`)."""
         compiled = compile_schema(schema)
         prompt = ChatPrompt.build(self.tokenizer, compiled, self.resolve(options, **knobs).prompt_format)
@@ -461,12 +461,12 @@ class Engine:
         merged = single.over(given.over(self.options.defaults()))
         return merged.read_whole() if merged.reads_whole else merged
 
-    # ------------------------------------------------------------------------------------------ heads
+    # ------------------------------------------------------------------------------------ schema prompts
 
-    def head(
+    def schema_prompt(
         self, schema: Any, options: ExtractOptions | Mapping[str, Any] | None = None, **knobs: Any
-    ) -> tuple[Head, Prefix]:
-        """The schema's head in this call's prompt format with its prefilled KV, prefilled and cached now if it
+    ) -> tuple[SchemaPrompt, Prefix]:
+        """The schema's preamble in this call's prompt format with its prefilled KV, prefilled and cached now if it
         was not (for tools that run their own passes on top of it, such as the benchmarks' floor).
 
         Args:
@@ -475,23 +475,23 @@ class Engine:
             **knobs: As for :meth:`extract`.
 
         Returns:
-            The head (prompt and tail tokens) and its prefix.
+            The schema prompt (chat prompt and tail tokens) and its preamble's prefix.
         """
         compiled = compile_schema(schema)
         call = self.resolve(options, **knobs)
-        head, prefix = self.cache.head(compiled, call.prompt_format)
+        prompt, prefix = self.cache.prompt(compiled, call.prompt_format)
         if prefix is None:
-            prefix = self.prefill_head(
-                compiled, call.prompt_format, head, PassBudget.of(self.backend, call.memory_budget_mb)
+            prefix = self.prefill_prompt(
+                compiled, call.prompt_format, prompt, PassBudget.of(self.backend, call.memory_budget_mb)
             )
-        return head, prefix
+        return prompt, prefix
 
-    def prefill_head(self, schema: Schema, fmt: PromptFormat, head: Head, budget: PassBudget) -> Prefix:
-        """Prefill the head in causal chunks that fit ``budget``, then cache it (only once it has succeeded).
+    def prefill_prompt(self, schema: Schema, fmt: PromptFormat, prompt: SchemaPrompt, budget: PassBudget) -> Prefix:
+        """Prefill the preamble in causal chunks that fit ``budget``, then cache it (only once it has succeeded).
 
         Raises:
             LimitError: If not even one token of the instructions fits the budget.
         """
-        prefix = prefill(self.backend, head, budget)
-        self.cache.heads.put(CompileCache.head_key(schema, fmt), (head, prefix))
+        prefix = prefill(self.backend, prompt, budget)
+        self.cache.prompts.put(CompileCache.prompt_key(schema, fmt), (prompt, prefix))
         return prefix

@@ -1,6 +1,6 @@
 """One bounded, thread-safe least-recently-used map: the only eviction policy in pcd.
 
-The engine's schema heads, compiled waves, pass plans and row plans (:mod:`pcd_engine.run.compile_cache`) and the
+The engine's schema preambles, compiled waves, pass plans and row plans (:mod:`pcd_engine.run.compile_cache`) and the
 open-field grammars (:class:`~pcd_engine.generate.open_rows.Grammars`) are each one :class:`LRU`. Values are built
 outside the lock, so a slow build never blocks other threads' lookups; two threads that miss at once both build, and
 the last one stored wins (builds are pure, so either is right).

@@ -69,7 +69,7 @@ def read_settings(
 
 def fitted_json(value: Any, *, owner: str, kind: str = "calibration") -> dict[str, Any] | None:
     """A fitted value given to an adapter (``kind`` ``"calibration"``: a
-    :class:`~pcd_engine.calibrate.calibrator.Calibrator`; ``"head"``: a :class:`~pcd_engine.calibrate.heads.Head`),
+    :class:`~pcd_engine.calibrate.calibrator.Calibrator`; ``"head"``: a :class:`~pcd_engine.heads.head.Head`),
     as the object, its JSON data or the path of its file (as ``pcd calibrate`` / ``pcd fit`` write them), kept as
     JSON data: what the adapter keeps, so that it serializes.
 

@@ -72,11 +72,11 @@ def packed_logprobs(
     wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
     assert tuple(ids[len(ids) - len(wave.tail_ids) :]) == wave.tail_ids
     causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
-    prefix = backend.prefill(prompt.head_ids)
+    prefix = backend.prefill(prompt.preamble_ids)
     state = backend.start(prefix)
-    pending = ids[len(prompt.head_ids) : causal_end]
+    pending = ids[len(prompt.preamble_ids) : causal_end]
     if tap:
-        span = (len(prompt.head_ids), len(ids) - len(wave.tail_ids))
+        span = (len(prompt.preamble_ids), len(ids) - len(wave.tail_ids))
         state.tap = FeatureTap(middle_layer(backend.hidden_layers), span, decision_nodes(wave))
     while chunk and len(pending) > 1:  # the last token stays: the tree reads its root from it
         step = min(chunk, len(pending) - 1)
@@ -187,7 +187,7 @@ class RowsConformance:
         schema = compile_schema(SHARED_PREFIXES)
         prompt = ChatPrompt.build(tv, schema)
         ids = prompt.request_ids(tv, TEXT)
-        prefix = backend.prefill(prompt.head_ids)
+        prefix = backend.prefill(prompt.preamble_ids)
         before = self.snapshot(prefix)
         heads = ['\n  "setup":', '\n  "punchline_text":', '\n  "n":']
         prefixes = [tv.encode(h) for h in heads]
@@ -200,7 +200,7 @@ class RowsConformance:
             seen[row].append(float(logprobs[scripts[row][step][0]]))
             return scripts[row][step], step + 1 == len(scripts[row])
 
-        causal = ids[len(prompt.head_ids) :]
+        causal = ids[len(prompt.preamble_ids) :]
         passes = backend.generate_rows(backend.start(prefix), causal=causal, prefixes=prefixes, choose=choose)
         for a, b in zip(before, self.snapshot(prefix), strict=True):
             np.testing.assert_array_equal(a, b)
@@ -248,10 +248,10 @@ class RowsConformance:
         tail = prompt.tail_text + field_line("deadline", '"12_HOURS"')
         second = compile_wave(tv, schema.fields[1:], boundary_text=prompt.boundary_text, tail_text=tail)
         base = len(ids) - len(first.tail_ids)
-        state = backend.start(backend.prefill(prompt.head_ids))
+        state = backend.start(backend.prefill(prompt.preamble_ids))
         backend.score_tree(
             state,
-            causal=ids[len(prompt.head_ids) : base + first.causal_len],
+            causal=ids[len(prompt.preamble_ids) : base + first.causal_len],
             batch=plan_passes(first.tree, max_nodes=999)[0],
         )
         causal = list(second.tail_ids[first.causal_len : second.causal_len])
@@ -385,7 +385,7 @@ class BackendConformance(RowsConformance):
 
     def test_engine_one_pass_per_wave(self, backend):
         engine = Engine(backend, anchor=False)
-        engine.extract(TEXT, SHARED_PREFIXES)  # warm the head cache
+        engine.extract(TEXT, SHARED_PREFIXES)  # warm the preamble cache
         out = engine.extract(TEXT, SHARED_PREFIXES)
         assert out.stats.forward_passes == 1
         assert out.stats.cached_tokens > 0

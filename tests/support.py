@@ -791,8 +791,8 @@ def forcing_head(engine: Any, schema: Any, field: str, value: Any) -> Any:
     """A :class:`~pcd_engine.Head` for ``engine`` and ``schema`` whose head of ``field`` always decides ``value``
     (no weights, a bias that favours it): what proves a surface decided with the head it was given."""
     from pcd_engine import Head, compile_schema
-    from pcd_engine.calibrate.field_heads import FieldHead
-    from pcd_engine.calibrate.heads import FEATURE_RECIPES
+    from pcd_engine.heads.fields import FieldHead
+    from pcd_engine.heads.head import FEATURE_RECIPES
 
     compiled = compile_schema(schema)
     [(_, features)] = engine.read_features(["Width probe."], compiled, fields=[field])

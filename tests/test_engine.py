@@ -153,8 +153,8 @@ def test_bad_options(engine, kwargs, match):
 def test_bad_engine_options(engine):
     with pytest.raises(OptionError, match="Known options"):
         Engine(engine.backend, colour="red")
-    with pytest.raises(OptionError, match="head_cache_size"):
-        Engine(engine.backend, head_cache_size=0)
+    with pytest.raises(OptionError, match="prompt_cache_size"):
+        Engine(engine.backend, prompt_cache_size=0)
 
 
 AWKWARD = {
@@ -167,7 +167,7 @@ AWKWARD = {
 
 
 def test_awkward_but_valid(engine):
-    engine.extract(TEXT, AWKWARD, anchor=False)  # warm the head cache
+    engine.extract(TEXT, AWKWARD, anchor=False)  # warm the preamble cache
     out = engine.extract('Ça coûte 10 €, "vraiment" \\ trop.', AWKWARD, anchor=False)
     schema = compile_schema(AWKWARD)
     for spec in schema.fields:
@@ -185,22 +185,22 @@ def test_awkward_labels_packed_equal_brute_force(engine):
     ids = prompt.request_ids(tv, TEXT)
     wave = compile_wave(tv, fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
     causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
-    state = backend.start(backend.prefill(prompt.head_ids))
+    state = backend.start(backend.prefill(prompt.preamble_ids))
     logprobs = np.zeros(len(wave.tree))
     batch = plan_passes(wave.tree, max_nodes=10_000)[0]
     logprobs[list(batch.query_nodes)] = backend.score_tree(
-        state, causal=ids[len(prompt.head_ids) : causal_end], batch=batch
+        state, causal=ids[len(prompt.preamble_ids) : causal_end], batch=batch
     )
     check_against_brute_force(backend, wave, ids[:causal_end], logprobs)
 
 
 def test_head_cache_is_bounded_and_reused(smol_tokenizer, engine):
-    small = Engine(engine.backend, head_cache_size=1)
+    small = Engine(engine.backend, prompt_cache_size=1)
     other = {"x": {"type": "boolean"}}
     first = small.extract(TEXT, Ticket)
     again = small.extract(TEXT, Ticket)
     assert first.stats.prefill_passes == 1 and first.stats.correction_passes >= 1  # the head; its content-free lean
-    # neither the head prefill nor the lean's reading is repeated
+    # neither the preamble prefill nor the lean's reading is repeated
     assert first.stats.forward_passes == again.stats.forward_passes + 1 + first.stats.correction_passes
     assert again.stats.prefill_passes == again.stats.correction_passes == 0
     small.extract(TEXT, other)
@@ -221,7 +221,7 @@ def test_real_chat_templates(name):
     backend = TorchBackend(tiny_model(arch, len(tokenizer)), tokenizer)
     engine = Engine(backend, anchor=False)
     out = engine.extract(TEXT, Ticket)
-    # head prefill + one pass; the content-free lean (three texts) was read in one batched pass before it
+    # preamble prefill + one pass; the content-free lean (three texts) was read in one batched pass before it
     assert out.stats.forward_passes - out.stats.correction_passes == 2 and out.stats.correction_passes == 1
     tv = TokenizerView(tokenizer)
     schema = compile_schema(Ticket)
@@ -233,11 +233,11 @@ def test_real_chat_templates(name):
     ids = prompt.request_ids(tv, TEXT)
     wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
     causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
-    state = backend.start(backend.prefill(prompt.head_ids))
+    state = backend.start(backend.prefill(prompt.preamble_ids))
     batch = plan_passes(wave.tree, max_nodes=10_000)[0]
     logprobs = np.zeros(len(wave.tree))
     logprobs[list(batch.query_nodes)] = backend.score_tree(
-        state, causal=ids[len(prompt.head_ids) : causal_end], batch=batch
+        state, causal=ids[len(prompt.preamble_ids) : causal_end], batch=batch
     )
     check_against_brute_force(backend, wave, ids[:causal_end], logprobs)
 
@@ -258,7 +258,7 @@ def test_template_without_system_role(smol_tokenizer, engine):
     assert any("no system role" in w for w in out.warnings)
     prompt = ChatPrompt.build(TokenizerView(tokenizer), compile_schema(Ticket))
     assert prompt.system_folded and "wants_refund" in prompt.prefix_text
-    assert len(prompt.head_ids) > 20  # the instructions are still cached
+    assert len(prompt.preamble_ids) > 20  # the instructions are still cached
 
 
 class Mixed(BaseModel):
@@ -273,7 +273,7 @@ class Mixed(BaseModel):
 
 def test_open_rows_take_the_longest_rows_steps_not_the_sum(engine):
     """Counted by the backend: three open rows take max(len) forward passes, not the sum."""
-    engine.extract(TEXT, Mixed)  # warm the head cache
+    engine.extract(TEXT, Mixed)  # warm the preamble cache
     before = engine.backend.forward_passes
     out = engine.extract(TEXT, Mixed)
     lengths = [out.fields[name].tokens for name in ("summary", "code", "count")]

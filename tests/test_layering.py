@@ -4,8 +4,8 @@ alike): one rule per layer of ``pcd_engine``.
 The layers, bottom to top (each may import the layers below it and itself, nothing above):
 
 ``errors``, ``lru`` < ``trees`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
-``calibrate.fitted`` < ``calibrate.calibrator`` < ``calibrate.gates`` < ``calibrate.field_heads`` <
-``calibrate.heads`` < ``deciders`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
+``calibrate.fitted`` < ``calibrate.calibrator`` < ``heads.gates`` < ``heads.fields`` <
+``heads.head`` < ``heads`` < ``deciders`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
 ``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tagging`` < ``tools``;
 the facades (the package, ``__main__``, ``testing``, ``adapters``) may import anything of pcd_engine. What a
 lower layer needs of a higher one it names as a protocol (``run.host.Host``: the engine as a request sees it;
@@ -34,9 +34,10 @@ LAYERS = [
     "calibrate.estimators",
     "calibrate.fitted",
     "calibrate.calibrator",
-    "calibrate.gates",
-    "calibrate.field_heads",
-    "calibrate.heads",
+    "heads.gates",
+    "heads.fields",
+    "heads.head",
+    "heads",
     "deciders",
     "limits",
     "options",
@@ -55,8 +56,8 @@ LAYERS = [
 FACADES = {"__init__.py", "__main__.py", "testing.py", "adapters.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
 # Modules that sit below the rest of their package: the lean estimators, what
-# fitted files share, the calibrator and the heads (values the options carry).
-SUBLAYERS = {*LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("calibrate.heads") + 1]}
+# fitted files share, the calibrator and the decision heads (values the options carry).
+SUBLAYERS = {*LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("heads.head") + 1]}
 
 
 def pcd_imports(path: Path) -> set[str]:
@@ -222,7 +223,7 @@ def test_the_tree_module_imports_nothing_of_pcd():
 def test_the_top_level_holds_at_most_twelve_modules():
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(top) <= 12, top
-    assert {"decide", "run", "prompt", "generate", "calibrate", "models", "schema", "backends", "tools"} <= {
+    assert {"decide", "run", "prompt", "generate", "calibrate", "heads", "models", "schema", "backends", "tools"} <= {
         p.name for p in PACKAGE.iterdir() if (p / "__init__.py").exists()
     }
 

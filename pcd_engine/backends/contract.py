@@ -2,7 +2,7 @@
 
 A backend owns a model and its tokenizer and offers these operations, in this order in every backend file:
 
-1. :meth:`Backend.prefill` runs a schema's head once and returns an immutable :class:`Prefix` (its KV cache);
+1. :meth:`Backend.prefill` runs a schema's preamble once and returns an immutable :class:`Prefix` (its KV cache);
 2. :meth:`Backend.start` opens a per-request :class:`RequestState` on top of a prefix, never modifying it;
 3. :meth:`Backend.score_tree` appends causal tokens to the state and reads the log-probabilities of a packed
    token tree in the same forward pass; the tree never stays in the state (:meth:`Backend.score_trees` does the
@@ -64,7 +64,7 @@ def serialized(method: _F) -> _F:
 
 
 class Prefix(ABC):
-    """A prefilled, read-only prompt head, reused across requests. What every backend's prefix holds:
+    """A prefilled, read-only preamble, reused across requests. What every backend's prefix holds:
 
     Attributes:
         ids: The head's token ids.
@@ -95,7 +95,7 @@ class RequestState(ABC):
 
 
 class Backend(ABC):
-    """A model that can score packed token trees on top of a cached prompt head.
+    """A model that can score packed token trees on top of a cached preamble.
 
     Attributes:
         name: Short backend name, e.g. ``"torch"``.
@@ -427,7 +427,7 @@ class Backend(ABC):
     def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
         """Prepare the floor a tree pass is measured against: ONE plain causal pass of ``tokens`` after ``prefix``
         (left unchanged), with the model's own cache and causal mask, computing the last ``rows`` output rows.
-        Returns a function that runs the pass once, on a fresh copy of the head's cache."""
+        Returns a function that runs the pass once, on a fresh copy of the preamble's cache."""
         raise NotImplementedError(f"Backend {self.name!r} has no plain causal pass.")
 
     @property

@@ -398,14 +398,14 @@ def estimate_pass_bytes(config: Any, *, past: int, new: int, rows: int, masks: i
         rows: Output distributions read.
         masks: Number of distinct masks built (2 for models with sliding-window layers).
     """
-    heads = int(getattr(config, "num_attention_heads", 8) or 8)
+    attention_heads = int(getattr(config, "num_attention_heads", 8) or 8)
     hidden = int(getattr(config, "hidden_size", 512) or 512)
     inter = int(getattr(config, "intermediate_size", 4 * hidden) or 4 * hidden)
     vocab = int(getattr(config, "vocab_size", 32000) or 32000)
     layers = int(getattr(config, "num_hidden_layers", 1) or 1)
     width = past + new
     mask_bytes = masks * new * width * 4
-    scores = heads * new * width * 4 * 2
+    scores = attention_heads * new * width * 4 * 2
     logits = rows * vocab * 4 * 2
     acts = new * (4 * hidden + 2 * inter) * 4
     kv = 2 * layers * new * hidden * 4

@@ -201,9 +201,9 @@ def _gpt_oss_weights(weights: dict[str, Any]) -> dict[str, Any]:
         return weights
     out: dict[str, Any] = {}
     for key, value in weights.items():
-        head, _, name = key.rpartition(".experts.")
-        experts = f"{head}.experts."
-        if not head or name not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
+        stem, _, name = key.rpartition(".experts.")
+        experts = f"{stem}.experts."
+        if not stem or name not in ("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"):
             out[key] = value
         elif name == "gate_up_proj":
             out[experts + "gate_proj.weight"] = value[..., ::2].swapaxes(-1, -2)

@@ -1,6 +1,6 @@
 """Feature taps: what a request keeps of the model's hidden states from the passes it runs anyway.
 
-A decision head (:mod:`pcd_engine.calibrate.heads`) reads two vectors per closed field, both from the scoring passes a
+A decision head (:mod:`pcd_engine.heads.head`) reads two vectors per closed field, both from the scoring passes a
 request already takes, so a head costs no forward pass of its own:
 
 - the **document's middle state**: one layer's output (a hidden-state index, 1 for the first decoder layer's output)

@@ -53,7 +53,7 @@ def hidden_taps(model: Any, layer: int, *, keep: Any = None) -> Iterator[Seen]:
     def on_layer(_module: Any, _args: Any, output: Any) -> None:
         got["middle"] = output[0] if isinstance(output, tuple) else output
 
-    def on_head(_module: Any, args: Any) -> None:
+    def on_projection(_module: Any, args: Any) -> None:
         got["last"] = args[0]
 
     def middle(row: int, rows: list[int]) -> np.ndarray:
@@ -67,7 +67,7 @@ def hidden_taps(model: Any, layer: int, *, keep: Any = None) -> Iterator[Seen]:
 
     handles = [
         decoder_layers(model)[layer - 1].register_forward_hook(on_layer),
-        model.get_output_embeddings().register_forward_pre_hook(on_head),
+        model.get_output_embeddings().register_forward_pre_hook(on_projection),
     ]
     try:
         yield Seen(middle, last)

@@ -4,10 +4,11 @@ One pass over a wave's whole tree feeds every token of every label. With a large
 the *tails* of labels (the tokens below each label's identifying token) that already lost at that token, and on a
 CPU a pass costs about as much per fed node as a plain forward. Each question of a wave is read one of two ways:
 
-* **Head only** (every ``marginal`` question, always): the marginal strategy scores each label by the probability
-  of reaching its identifying token, so nothing below those tokens is read.
+* **Stems only** (every ``marginal`` question, always): the marginal strategy scores each label by the probability
+  of reaching its identifying token (its stem: the nodes from the decision point down to that token), so nothing
+  below those tokens is read.
 * **Staged** (``exact`` and ``trie_walk`` questions, when the cost model says it is cheaper): the first stage reads
-  every label's head, as above; later stages read the tails of the labels that can still win, in as few passes as
+  every label's stem, as above; later stages read the tails of the labels that can still win, in as few passes as
   the bound allows:
 
   - ``exact``: a label's sequence log-probability is at most the log-probability of the part read so far (every
@@ -130,7 +131,7 @@ class QuestionReading:
     Attributes:
         trie: The question's paths.
         strategy: Its strategy.
-        heads: Nodes from the decision point down to each path's identifying node (what stage 1 reads).
+        stems: Nodes from the decision point down to each path's identifying node (what stage 1 reads).
         tails: For each label, the nodes below its identifying nodes, over all its surface forms (empty for a
             label whose identifying token is its last).
         staged: Whether the tails are read in later stages (else stage 1 reads them too; a marginal question
@@ -139,7 +140,7 @@ class QuestionReading:
 
     trie: FieldTrie
     strategy: Strategy
-    heads: frozenset[int]
+    stems: frozenset[int]
     tails: tuple[tuple[int, ...], ...]
     staged: bool
 
@@ -149,9 +150,9 @@ class QuestionReading:
         return not isinstance(self.strategy, Marginal)
 
     def first(self) -> set[int]:
-        """The nodes stage 1 reads: the heads, plus every tail unless the tails are staged or unneeded (the tokens
+        """The nodes stage 1 reads: the stems, plus every tail unless the tails are staged or unneeded (the tokens
         every path shares before the decision point are fed, not read: no decision uses them)."""
-        out = set(self.heads)
+        out = set(self.stems)
         if self.reads_tails and not self.staged:
             for tail in self.tails:
                 out.update(tail)
@@ -159,12 +160,12 @@ class QuestionReading:
 
 
 def _reading(trie: FieldTrie, strategy: Strategy, *, staged: bool) -> QuestionReading:
-    heads: set[int] = set()
+    stems: set[int] = set()
     tails: list[set[int]] = [set() for _ in trie.spec.labels]
     for path in trie.paths:
-        heads.update(path.nodes[trie.decision_depth : path.ident + 1])
+        stems.update(path.nodes[trie.decision_depth : path.ident + 1])
         tails[path.label].update(path.nodes[path.ident + 1 :])
-    return QuestionReading(trie, strategy, frozenset(heads), tuple(tuple(sorted(t)) for t in tails), staged)
+    return QuestionReading(trie, strategy, frozenset(stems), tuple(tuple(sorted(t)) for t in tails), staged)
 
 
 def _saving(reading: QuestionReading, packed: frozenset[int]) -> tuple[float, float]:
@@ -249,7 +250,7 @@ class WaveSearch:
 
     Attributes:
         readings: The questions' readings, in the wave's order.
-        cost: The pass cost that sizes a trie walk's look-ahead (``None``: read every head in the first stage).
+        cost: The pass cost that sizes a trie walk's look-ahead (``None``: read every stem in the first stage).
         expanded: For each staged exact question, the labels whose tails were asked for so far.
         stages: Stages asked for so far.
     """

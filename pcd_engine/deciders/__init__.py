@@ -16,7 +16,7 @@ from pcd_engine.deciders.fitted import Calibrated, Headed
 
 if TYPE_CHECKING:
     from pcd_engine.calibrate.calibrator import Calibrator
-    from pcd_engine.calibrate.heads import Head
+    from pcd_engine.heads.head import Head
 
 __all__ = ["Decider", "Lean", "Reading", "decider_for"]
 

@@ -1,7 +1,7 @@
 """The deciders a user fits: a calibration (:class:`Calibrated`) and a decision head (:class:`Headed`).
 
 Each wraps the fitted value the options carry (a :class:`~pcd_engine.calibrate.calibrator.Calibrator`, a
-:class:`~pcd_engine.calibrate.heads.Head`), checks it against the call's schema and model before any model work,
+:class:`~pcd_engine.heads.head.Head`), checks it against the call's schema and model before any model work,
 and decides with it. A head decides the fields it has a head for and leaves the others to the decider it falls back
 to (the call's calibration, else its correction).
 """
@@ -16,7 +16,7 @@ from pcd_engine.schema import FieldSpec, Schema
 
 if TYPE_CHECKING:
     from pcd_engine.calibrate.calibrator import Calibrator, FieldPrior
-    from pcd_engine.calibrate.heads import Head
+    from pcd_engine.heads.head import Head
 
 __all__ = ["Calibrated", "Headed"]
 

@@ -123,21 +123,21 @@ def compile_rows(
     Raises:
         PromptAlignmentError: If the rows cannot be aligned with the tail at a token boundary.
     """
-    heads = [f"\n  {json.dumps(f.name, ensure_ascii=False)}:" for f in fields]
+    lines = [f"\n  {json.dumps(f.name, ensure_ascii=False)}:" for f in fields]
     # A sample value after the colon makes the tokenizer split the colon the way it will when the value follows.
     aligned = align_lines(
         tokenizer,
         boundary_text=boundary_text,
         tail_text=tail_text,
-        lines=heads,
-        ends=[len(head) for head in heads],  # just after the colon; a token that crosses it is the model's
+        lines=lines,
+        ends=[len(line) for line in lines],  # just after the colon; a token that crosses it is the model's
         follow=' "",\n',
         through=False,
         names=[f.name for f in fields],
         what="key",
     )
     prefix = boundary_text + tail_text
-    leads = tuple((prefix + head)[covered:] for head, covered in zip(heads, aligned.covered, strict=True))
+    leads = tuple((prefix + line)[covered:] for line, covered in zip(lines, aligned.covered, strict=True))
     return RowPlan(aligned.tail_ids, aligned.causal_len, aligned.paths, leads)
 
 
@@ -182,8 +182,8 @@ class Grammars:
             return hit
         llg = self._llg()
         value = {**spec.value_schema, "x-guidance": _JSON_STYLE}
-        head = f"{json.dumps(lead)} " if lead else ""
-        start = "value" if whole else f'{head}" " value ","'
+        opener = f"{json.dumps(lead)} " if lead else ""
+        start = "value" if whole else f'{opener}" " value ","'
         text = f"start: {start}\nvalue: %json {json.dumps(value, ensure_ascii=False)}\n"
         error = llg.LLMatcher.validate_grammar(text, self.tokenizer)
         if error:

@@ -8,7 +8,7 @@ The command line, the HTTP APIs and the LangChain and LlamaIndex adapters each m
 name is an :class:`~pcd_engine.errors.OptionError` that names it and the nearest known one, on every surface.
 
 The prompt format (``instructions``, ``list_choices``, ``quoted_booleans``, ``chat_template_kwargs``) changes the
-prompt the model sees, so it is part of the key of the schema's cached head.
+prompt the model sees, so it is part of the key of the schema's cached preamble.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ class EngineOptions:
         anchor: Decide the first field alone and write it into the prompt before the others (one extra pass,
             usually better answers). ``depends_on`` adds waves either way; a later wave's prompt holds the
             anchor's answer and the answers its fields depend on, not every earlier answer.
-        head_cache_size: How many schema heads keep their KV cache (least recently used are dropped).
-        memory_budget_mb: Estimated peak memory of one pass, which every pass keeps within: the head prefill and
+        prompt_cache_size: How many schema preambles keep their KV cache (least recently used are dropped).
+        memory_budget_mb: Estimated peak memory of one pass, which every pass keeps within: the preamble prefill and
             the document are fed in causal chunks, a wave's tree is split into passes, and open rows that cannot
             fit are refused before any work with :class:`~pcd_engine.errors.LimitError`. ``None`` takes the
             backend's default (1 GiB on CPU, a quarter of the GPU's memory up to 16 GiB).
@@ -57,7 +57,7 @@ class EngineOptions:
     """
 
     anchor: bool = True
-    head_cache_size: int = 8
+    prompt_cache_size: int = 8
     memory_budget_mb: float | None = None
     marginal_max_labels: int = 32
     top_k: int = 5
@@ -78,7 +78,7 @@ class EngineOptions:
         check_batch_size(self.batch_size)
         correction_named(self.correction)  # refuses an unknown name
         check_count(self.max_tokens, "max_tokens", optional=False)
-        check_count(self.head_cache_size, "head_cache_size", optional=False)
+        check_count(self.prompt_cache_size, "prompt_cache_size", optional=False)
         if self.memory_budget_mb is not None and self.memory_budget_mb <= 0:
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {self.memory_budget_mb}.")
         check_count(self.top_k, "top_k", optional=False)

@@ -1,5 +1,5 @@
 """A call's options: :class:`ExtractOptions` (and :class:`PromptFormat`, the part that changes the prompt and so
-keys the schema's cached head). They are checked on construction, laid over the engine's defaults field by field
+keys the schema's cached preamble). They are checked on construction, laid over the engine's defaults field by field
 (:meth:`ExtractOptions.over`), and resolve the call's one decider (:attr:`ExtractOptions.decider`)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ STRATEGY_ALIASES: Mapping[str, str | None] = {
 
 @dataclass(frozen=True)
 class PromptFormat:
-    """How the instructions are written (a field of the cache key of a schema's head).
+    """How the instructions are written (a field of the cache key of a schema's preamble).
 
     Attributes:
         instructions: Text that replaces pcd's own instruction sentence ("Read the user's text and answer with one
@@ -103,7 +103,7 @@ class ExtractOptions:
             on the other documents of a call; ``"content_free"`` does so for every closed field, read whole;
             ``"batch"`` estimates the lean on the documents one caller decides together, assuming their labels
             are about equally common; ``"none"`` keeps the model's own distributions. A ``calibration`` wins.
-        head: A :class:`~pcd_engine.calibrate.heads.Head` fitted on this schema and model (or its JSON data, or the
+        head: A :class:`~pcd_engine.heads.head.Head` fitted on this schema and model (or its JSON data, or the
             path of a saved head): each field it has a head for is decided by the head, from hidden states of the
             same passes (no extra forward pass); the result keeps the model's own distribution beside the head's.
             The other fields are decided as without it. The call reads every closed field whole.
@@ -306,13 +306,13 @@ def _pairs(value: Any) -> tuple[tuple[str, Any], ...]:
 
 
 def _head(value: Any) -> Any:
-    """A call's ``head`` option as a :class:`~pcd_engine.calibrate.heads.Head`: given as one, as its JSON data, or as
+    """A call's ``head`` option as a :class:`~pcd_engine.heads.head.Head`: given as one, as its JSON data, or as
     the path of a saved head.
 
     Raises:
         OptionError: If it is none of these, or the data or file is not a head (naming what is wrong).
     """
-    from pcd_engine.calibrate.heads import Head
+    from pcd_engine.heads.head import Head
 
     if isinstance(value, Head):
         return value

@@ -35,7 +35,7 @@ def surface_options(
         max_tokens: The most tokens of each open field's value (an integer >= 1), under every layer; ``None``: the
             engine's.
         calibration: A :class:`~pcd_engine.calibrate.calibrator.Calibrator` or its JSON, under every layer.
-        head: A :class:`~pcd_engine.calibrate.heads.Head`, its JSON or a saved head's path, under every layer.
+        head: A :class:`~pcd_engine.heads.head.Head`, its JSON or a saved head's path, under every layer.
 
     Raises:
         OptionError: If a layer names an unknown option, or a value is out of range (naming it).

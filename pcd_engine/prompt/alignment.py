@@ -1,6 +1,6 @@
 """Where the prompt's tail begins, and how lines written after it are cut into tokens.
 
-The cached head ends at a boundary token (the template's last control token before the answer), so that the tail
+The cached preamble ends at a boundary token (the template's last control token before the answer), so that the tail
 (everything from there on, answers included) tokenizes the same way whatever the document. :func:`tail_tokens`
 tokenizes the tail and checks the boundary stayed one token; :func:`align_lines` tokenizes lines after it (label
 lines for a scored tree, key lines for open rows), cuts each at a character, and finds where they part from the

@@ -1,13 +1,13 @@
-"""The prompt: a schema rendered with the model's own chat template, split into a cached head and a tail.
+"""The prompt: a schema rendered with the model's own chat template, split into a cached preamble and a tail.
 
 Layout of one request (token boundaries are checked, never assumed)::
 
-    | head (cached per schema)           | document block            | tail       | tree ...
+    | preamble (cached per schema)       | document block            | tail       | tree ...
     | <system turn: keys, labels, docs>  | <user turn: the document> | assistant  |
     |  ... up to just before the user's  |                           | turn, "{"  |
     |  text                              |                           |            |
 
-The head depends only on the schema, so its KV cache is prefilled once and reused. The tail starts at the last
+The preamble depends only on the schema, so its KV cache is prefilled once and reused. The tail starts at the last
 special token of the template (for example ``<|im_start|>``) so that the compiler can tokenize each field's JSON
 line in exactly the context the model sees.
 """
@@ -253,7 +253,7 @@ class ChatPrompt:
     Attributes:
         prefix_text: Everything before the document (system turn and the user turn's opening).
         suffix_text: Everything after the document, up to and including the ``{`` that opens the answer.
-        head_ids: Token ids of the cached head; every request's token ids start with these.
+        preamble_ids: Token ids of the cached preamble; every request's token ids start with these.
         boundary_text: The special token where the tail starts, or ``""`` when the template has none.
         tail_text: The text after ``boundary_text`` up to the end of ``suffix_text``.
         system_folded: True when the template has no system role and the instructions went into the user turn.
@@ -265,7 +265,7 @@ class ChatPrompt:
 
     prefix_text: str
     suffix_text: str
-    head_ids: tuple[int, ...]
+    preamble_ids: tuple[int, ...]
     boundary_text: str
     tail_text: str
     system_folded: bool
@@ -274,7 +274,7 @@ class ChatPrompt:
 
     @classmethod
     def build(cls, tokenizer: TokenizerView, schema: Schema, fmt: PromptFormat = _DEFAULT_FORMAT) -> ChatPrompt:
-        """Render ``schema`` with the tokenizer's chat template and find the head and tail boundaries.
+        """Render ``schema`` with the tokenizer's chat template and find the preamble and tail boundaries.
 
         Templates without a system role get the instructions at the top of the user turn. Qwen3-style thinking
         is switched off with ``enable_thinking=False`` unless ``fmt.chat_template_kwargs`` says otherwise.
@@ -297,9 +297,9 @@ class ChatPrompt:
         at = text.index(sentinel)
         prefix_text, suffix_text = text[:at], text[at + len(sentinel) :] + "{"
         ids, offsets = tokenizer.encode_with_offsets(text)
-        # The head ends one token before the document, so a merge at the seam cannot move its boundary.
+        # The preamble ends one token before the document, so a merge at the seam cannot move its boundary.
         inside = sum(1 for _, end in offsets if end <= at)
-        head = tuple(ids[: max(0, inside - 1)])
+        preamble = tuple(ids[: max(0, inside - 1)])
         boundary, tail = "", suffix_text
         after = at + len(sentinel)
         controls = [(offsets[i], tok) for i, tok in enumerate(ids) if tok in tokenizer.added_ids]
@@ -311,10 +311,10 @@ class ChatPrompt:
                 tail = (text + "{")[boundary_start + len(boundary) :]
         plain_from = max((end for (_start, end), _tok in controls if end <= at), default=0)
         plain_until = min((start for (start, _end), _tok in controls if start >= after), default=len(text) + 1) - after
-        return cls(prefix_text, suffix_text, head, boundary, tail, folded, plain_from, plain_until)
+        return cls(prefix_text, suffix_text, preamble, boundary, tail, folded, plain_from, plain_until)
 
     def request_ids(self, tokenizer: TokenizerView, document: str, *, special_tokens: bool = False) -> list[int]:
-        """Token ids of the full prompt for ``document``, checked to start with the cached head.
+        """Token ids of the full prompt for ``document``, checked to start with the cached preamble.
 
         Args:
             tokenizer: The model's tokenizer.
@@ -324,7 +324,7 @@ class ChatPrompt:
                 cannot end its turn.
 
         Raises:
-            PromptAlignmentError: If the document changed how the head tokenizes.
+            PromptAlignmentError: If the document changed how the preamble tokenizes.
         """
         if special_tokens:
             ids = tokenizer.encode(self.prefix_text + document + self.suffix_text)
@@ -335,9 +335,9 @@ class ChatPrompt:
             stretch = self.prefix_text[self.plain_from :] + document + self.suffix_text[:until]
             ids = tokenizer.encode(self.prefix_text[: self.plain_from]) + tokenizer.encode_plain(stretch)
             ids += tokenizer.encode(self.suffix_text[until:])
-        if tuple(ids[: len(self.head_ids)]) != self.head_ids:
+        if tuple(ids[: len(self.preamble_ids)]) != self.preamble_ids:
             raise PromptAlignmentError(
-                "Prompt head: expected the request to start with the cached schema head tokens, but the document "
+                "Preamble: expected the request to start with the cached schema preamble tokens, but the document "
                 "changed their tokenization. Strip unusual leading characters from the text."
             )
         return ids

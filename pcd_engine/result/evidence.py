@@ -44,7 +44,7 @@ class FieldResult:
             (for a multi-label field, the lowest over its yes/no questions); low means the model wanted to write
             something else. ``None`` for a field with one allowed value and for generated fields.
         method: How it was decided: ``"marginal"``, ``"exact"``, ``"trie_walk"``, ``"fixed"``, ``"generated"``, or
-            ``"head"`` (a decision head, :mod:`pcd_engine.calibrate.heads`, read from the same pass).
+            ``"head"`` (a decision head, :mod:`pcd_engine.heads.head`, read from the same pass).
         alternatives: The most probable labels, best first, the chosen one included. For a multi-label field,
             every label with its probability of applying; empty for a generated field.
         wave: The wave the field was decided in (0 is first; generated fields come after the last wave).
@@ -138,12 +138,12 @@ class ExtractionStats:
     """Where the time went.
 
     Attributes:
-        phases_ms: Milliseconds per phase: ``tokenize``, ``prefill`` (0 when the head cache hit), ``correction``
+        phases_ms: Milliseconds per phase: ``tokenize``, ``prefill`` (0 when the preamble cache hit), ``correction``
             (reading the content-free lean; 0 when the engine had it), ``compile``, ``forward``, ``decode``,
             ``generate`` (open fields) and ``total``.
         prompt_tokens: Tokens in the request's prompt (head, document and tail).
-        cached_tokens: Of those, tokens served from the head's KV cache.
-        forward_passes: Forward passes the backend ran for this request, the head prefill and the content-free
+        cached_tokens: Of those, tokens served from the preamble's KV cache.
+        forward_passes: Forward passes the backend ran for this request, the preamble prefill and the content-free
             lean's reading included.
         nodes_scored: Tree nodes fed to the model, over all passes.
         nodes_saved: Tree nodes a one-pass reading of every wave's whole tree would have fed beyond
@@ -154,7 +154,7 @@ class ExtractionStats:
         generation_passes: Forward passes spent generating open fields (all rows advance together, so this is
             the longest row's length, not the sum).
         generated_tokens: Tokens generated over all open fields.
-        prefill_passes: Of ``forward_passes``, those that prefilled the schema head (0 when its cache hit; more
+        prefill_passes: Of ``forward_passes``, those that prefilled the schema preamble (0 when its cache hit; more
             than 1 when the memory budget split a long head into chunks).
         correction_passes: Of ``forward_passes``, those that read the schema's content-free lean
             (:mod:`pcd_engine.deciders.corrections`; 0 when the engine had it already, or the call has no such

@@ -78,7 +78,7 @@ def check_window(
     schema: Schema,
     open_fields: Sequence[FieldSpec],
     *,
-    head_tokens: int,
+    preamble_tokens: int,
     tail_tokens: int,
     prompt_tokens: int,
     limit: int,
@@ -89,7 +89,7 @@ def check_window(
         backend: The model's backend (its window).
         schema: The request's schema.
         open_fields: Its generated fields.
-        head_tokens: Tokens of the cached head (the instructions).
+        preamble_tokens: Tokens of the cached preamble (the instructions).
         tail_tokens: Tokens of the tail before any answer.
         prompt_tokens: Tokens of the whole prompt, document included.
         limit: The default token limit of an open field.
@@ -107,7 +107,7 @@ def check_window(
         answers = sum(
             12 + max(len(l.surfaces[0]) for l in q.labels) for f in schema.fields if f.scored for q in questions(f)
         )
-    fixed = head_tokens + tail_tokens + 2
+    fixed = preamble_tokens + tail_tokens + 2
     for spec in open_fields:
         own = spec.token_limit(limit)
         if fixed + answers + own + 8 > window:
@@ -120,7 +120,7 @@ def check_window(
     if fixed + deepest > window:
         raise ContextError(
             f"Schema {schema.title!r}: expected its prompt to fit the model's window of {window} tokens, but the "
-            f"instructions take {head_tokens} tokens and the answers up to {deepest}. Use fewer labels or fields."
+            f"instructions take {preamble_tokens} tokens and the answers up to {deepest}. Use fewer labels or fields."
         )
     if prompt_tokens + deepest > window:
         raise ContextError(

@@ -3,9 +3,9 @@
 A batch is a list of opened :class:`~pcd_engine.run.request.Request` objects (one per document; they may have
 different schemas and options). Their waves run in lockstep: for wave ``k`` every request still deciding plans its
 tree, and the requests whose tree fits one pass are scored together by
-:meth:`~pcd_engine.backends.contract.Backend.score_trees`, one batch row each over its own cache (the schema heads are
-prefilled once and shared by reference). A request whose tree needs several passes (a very large wave under the
-memory budget) scores alone, and so does every request on a backend that cannot batch
+:meth:`~pcd_engine.backends.contract.Backend.score_trees`, one batch row each over its own cache (the schema
+preambles are prefilled once and shared by reference). A request whose tree needs several passes (a very large
+wave under the memory budget) scores alone, and so does every request on a backend that cannot batch
 (:attr:`~pcd_engine.backends.contract.Backend.batches_documents` is False: the rows fallback). Each request's
 answer is the one it would get alone: the decisions are its own and the log-probs differ only by float rounding.
 

@@ -1,6 +1,6 @@
 """The memory budget of one forward pass, asked of the backend's own estimate (:meth:`Backend.pass_bytes`).
 
-Every pass a request makes stays within its budget: the head prefill and the document are fed in causal chunks
+Every pass a request makes stays within its budget: the preamble prefill and the document are fed in causal chunks
 that fit, a wave's tree is split into passes of at most :meth:`PassBudget.max_nodes` nodes, and what cannot fit
 at all is refused with :class:`~pcd_engine.errors.LimitError` before any model work.
 """

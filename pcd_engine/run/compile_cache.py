@@ -1,4 +1,4 @@
-"""What the engine compiles once and shares between calls: schema heads (with their prefilled KV), compiled
+"""What the engine compiles once and shares between calls: schema preambles (with their prefilled KV), compiled
 waves, pass plans, open-row plans and content-free leans, each a bounded :class:`~pcd_engine.lru.LRU`."""
 
 from __future__ import annotations
@@ -18,54 +18,54 @@ from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.schema import FieldSpec, Schema
 from pcd_engine.trees import TreeBatch
 
-__all__ = ["CompileCache", "Head"]
+__all__ = ["CompileCache", "SchemaPrompt"]
 
 
 @dataclass(frozen=True)
-class Head:
+class SchemaPrompt:
     """A schema's prompt in one format, and the tail tokens every request ends with.
 
     Attributes:
-        prompt: The chat prompt around the document.
+        chat: The chat prompt around the document (its preamble is what the engine prefills and caches).
         tail0_ids: The tokens of the tail before any answer (up to ``{``), as they follow the document.
     """
 
-    prompt: ChatPrompt
+    chat: ChatPrompt
     tail0_ids: tuple[int, ...]
 
 
 class CompileCache:
-    """The engine's compile-once state: schema heads (with their prefilled KV), compiled waves, pass plans,
+    """The engine's compile-once state: schema preambles (with their prefilled KV), compiled waves, pass plans,
     open-row plans and content-free leans (:mod:`pcd_engine.deciders.corrections`), each in an :class:`LRU`.
 
     Args:
         tokenizer: The model's tokenizer view.
-        heads: How many prefilled schema heads to keep; the other stores keep 64 entries per head.
+        prompts: How many prefilled schema preambles to keep; the other stores keep 64 entries per preamble.
     """
 
-    def __init__(self, tokenizer: TokenizerView, *, heads: int) -> None:
+    def __init__(self, tokenizer: TokenizerView, *, prompts: int) -> None:
         self.tokenizer = tokenizer
-        self.heads: LRU[str, tuple[Head, Prefix]] = LRU(heads)
-        self.waves: LRU[tuple[str, ...], CompiledWave] = LRU(64 * heads)
-        self.rows: LRU[tuple[str, ...], RowPlan] = LRU(64 * heads)
+        self.prompts: LRU[str, tuple[SchemaPrompt, Prefix]] = LRU(prompts)
+        self.waves: LRU[tuple[str, ...], CompiledWave] = LRU(64 * prompts)
+        self.rows: LRU[tuple[str, ...], RowPlan] = LRU(64 * prompts)
         self.pass_plans: LRU[tuple[int, int, frozenset[int] | None], tuple[CompiledWave, list[TreeBatch]]] = LRU(
-            64 * heads
+            64 * prompts
         )
-        self.leans: LRU[tuple[Any, ...], Any] = LRU(64 * heads)
+        self.leans: LRU[tuple[Any, ...], Any] = LRU(64 * prompts)
 
     @staticmethod
-    def head_key(schema: Schema, fmt: PromptFormat) -> str:
-        """The key of a schema's head in one prompt format."""
+    def prompt_key(schema: Schema, fmt: PromptFormat) -> str:
+        """The key of a schema's preamble in one prompt format."""
         return schema.fingerprint + fmt.key
 
-    def head(self, schema: Schema, fmt: PromptFormat) -> tuple[Head, Prefix | None]:
-        """The schema's cached head, or its plan and ``None`` when it must be prefilled (nothing is stored)."""
-        hit = self.heads.get(self.head_key(schema, fmt))
+    def prompt(self, schema: Schema, fmt: PromptFormat) -> tuple[SchemaPrompt, Prefix | None]:
+        """The schema's cached preamble, or its plan and ``None`` when it must be prefilled (nothing is stored)."""
+        hit = self.prompts.get(self.prompt_key(schema, fmt))
         if hit is not None:
             return hit
         prompt = ChatPrompt.build(self.tokenizer, schema, fmt)
         tail0, skip = tail_tokens(self.tokenizer, prompt.boundary_text, prompt.tail_text)
-        return Head(prompt, tuple(tail0[skip:])), None
+        return SchemaPrompt(prompt, tuple(tail0[skip:])), None
 
     def wave(self, schema: Schema, prompt: ChatPrompt, fields: Sequence[FieldSpec], tail_text: str) -> CompiledWave:
         """The compiled tree of one wave's questions after ``tail_text``."""

@@ -38,7 +38,7 @@ class Feeding:
     nodes_scored: int
     documents_per_pass: list[int]
     call: ExtractOptions
-    head_nodes: dict[str, list[int]]
+    tapped_nodes: dict[str, list[int]]
     feature_fields: frozenset[str]
 
     @property
@@ -134,18 +134,18 @@ class Feeding:
         tap, head = self.state.tap, self.call.head
         if tap is None:
             return
-        self.head_nodes = {}
+        self.tapped_nodes = {}
         for t in wave.fields:  # a multi-label field asks one yes/no question per label, in label order
             if t.spec.name in self.feature_fields or (head is not None and head.field(t.spec.name) is not None):
-                self.head_nodes.setdefault(t.spec.name, []).append(t.paths[0].nodes[t.decision_depth])
-        tap.nodes, tap.answers = frozenset(n for nodes in self.head_nodes.values() for n in nodes), {}
+                self.tapped_nodes.setdefault(t.spec.name, []).append(t.paths[0].nodes[t.decision_depth])
+        tap.nodes, tap.answers = frozenset(n for nodes in self.tapped_nodes.values() for n in nodes), {}
 
     def field_features(self, spec: FieldSpec) -> np.ndarray | None:
         """The features a head of ``spec`` reads, from this wave's passes: the last layer's state where the field's
         decision was read, then the middle layer's mean over the document; for a multi-label field one such row per
         label, read where that label's flag is decided (``None`` when the field is not tapped, or a decision was not
         read from the tree)."""
-        tap, nodes = self.state.tap, self.head_nodes.get(spec.name, [])
+        tap, nodes = self.state.tap, self.tapped_nodes.get(spec.name, [])
         if tap is None or not nodes or any(node not in tap.answers for node in nodes):
             return None
         mean = tap.document_mean(len(tap.answers[nodes[0]]))

@@ -17,7 +17,7 @@ from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat
 from pcd_engine.prompt.chat_prompt import TokenizerView
 from pcd_engine.run.budget import PassBudget
-from pcd_engine.run.compile_cache import CompileCache, Head
+from pcd_engine.run.compile_cache import CompileCache, SchemaPrompt
 from pcd_engine.schema import Schema
 
 __all__ = ["Host"]
@@ -29,7 +29,7 @@ class Host(Protocol):
     Attributes:
         backend: The model's backend.
         tokenizer: The model's tokenizer, as prompts use it.
-        cache: The compile cache shared by every call (heads, waves, pass and row plans, leans).
+        cache: The compile cache shared by every call (schema prompts, waves, pass and row plans, leans).
         grammars: The open fields' grammar cache.
         options: The engine's settings.
         model_id: The model's name, as calibrations record it.
@@ -60,8 +60,8 @@ class Host(Protocol):
     def pass_cost(self, state: RequestState, *, token: int) -> PassCost:
         """What one forward pass costs (measured once on ``state`` when not known)."""
 
-    def prefill_head(self, schema: Schema, fmt: PromptFormat, head: Head, budget: PassBudget) -> Prefix:
-        """Prefill a schema's head within ``budget`` and cache it."""
+    def prefill_prompt(self, schema: Schema, fmt: PromptFormat, prompt: SchemaPrompt, budget: PassBudget) -> Prefix:
+        """Prefill a schema's preamble within ``budget`` and cache it."""
 
     def batch_size(self, given: int | None = None) -> int:
         """The most documents one pass holds."""

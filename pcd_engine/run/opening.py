@@ -1,5 +1,5 @@
 """Opening a request, before its first wave: the checks and the tokenization that come before any model work
-(:func:`admit`) and the schema head's prefill when it is not cached (:func:`prefill`). The lean a request opens
+(:func:`admit`) and the schema preamble's prefill when it is not cached (:func:`prefill`). The lean a request opens
 with is read by the batch layer (:func:`pcd_engine.run.batch.open_lean`), which can decide the content-free inputs.
 """
 
@@ -15,7 +15,7 @@ from pcd_engine.limits import RequestLimits, Watch
 from pcd_engine.options import ExtractOptions
 from pcd_engine.run.admission import check_budget, check_sizes, check_window
 from pcd_engine.run.budget import PassBudget
-from pcd_engine.run.compile_cache import Head
+from pcd_engine.run.compile_cache import SchemaPrompt
 from pcd_engine.run.host import Host
 from pcd_engine.schema import Schema
 
@@ -27,15 +27,15 @@ class Admitted:
     """A request that passed every check, tokenized; nothing of the model has run.
 
     Attributes:
-        head: The schema's head in the call's prompt format.
-        prefix: The head's cached prefix, or ``None`` when it is still to be prefilled (:meth:`prefilled`).
-        ids: The whole prompt's token ids (head, document, tail).
+        prompt: The schema's prompt in the call's prompt format.
+        prefix: The preamble's cached prefix, or ``None`` when it is still to be prefilled (:meth:`prefilled`).
+        ids: The whole prompt's token ids (preamble, document, tail).
         budget: The memory budget of one pass.
         watch: The call's deadline and cancellation flag.
         tokenize_ms: Milliseconds spent on the checks and the tokenization.
     """
 
-    head: Head
+    prompt: SchemaPrompt
     prefix: Prefix | None
     ids: list[int]
     budget: PassBudget
@@ -43,7 +43,7 @@ class Admitted:
     tokenize_ms: float
 
     def prefilled(self, host: Host, schema: Schema, call: ExtractOptions) -> tuple[Prefix, int, float]:
-        """The head's prefix, prefilled now (and cached) when it was not: with the passes and milliseconds that
+        """The preamble's prefix, prefilled now (and cached) when it was not: with the passes and milliseconds that
         took (0 when cached).
 
         Raises:
@@ -51,9 +51,9 @@ class Admitted:
         """
         if self.prefix is not None:
             return self.prefix, 0, 0.0
-        self.watch.check("the head prefill")
+        self.watch.check("the preamble prefill")
         before, tick = host.backend.thread_passes, time.perf_counter()
-        prefix = host.prefill_head(schema, call.prompt_format, self.head, self.budget)
+        prefix = host.prefill_prompt(schema, call.prompt_format, self.prompt, self.budget)
         return prefix, host.backend.thread_passes - before, (time.perf_counter() - tick) * 1000
 
 
@@ -76,9 +76,9 @@ def admit(
     for spec in open_fields:
         host.grammars.grammar(spec)  # llguidance must accept the value schema before any model work
     tick = time.perf_counter()
-    head, prefix = host.cache.head(schema, call.prompt_format)
-    ids = head.prompt.request_ids(host.tokenizer, document, special_tokens=host.options.special_tokens)
-    if tuple(ids[len(ids) - len(head.tail0_ids) :]) != head.tail0_ids:
+    prompt, prefix = host.cache.prompt(schema, call.prompt_format)
+    ids = prompt.chat.request_ids(host.tokenizer, document, special_tokens=host.options.special_tokens)
+    if tuple(ids[len(ids) - len(prompt.tail0_ids) :]) != prompt.tail0_ids:
         raise PromptAlignmentError(
             "Prompt tail: expected the request to end with the template's tail tokens, but the document changed "
             "their tokenization. Strip unusual trailing characters from the text."
@@ -87,24 +87,24 @@ def admit(
         backend,
         schema,
         open_fields,
-        head_tokens=len(head.prompt.head_ids),
-        tail_tokens=len(head.tail0_ids),
+        preamble_tokens=len(prompt.chat.preamble_ids),
+        tail_tokens=len(prompt.tail0_ids),
         prompt_tokens=len(ids),
         limit=call.value_tokens,
     )
     budget = PassBudget.of(backend, call.memory_budget_mb)
     check_budget(budget, prompt_tokens=len(ids), deepest=deepest)
     watch = Watch((call.limits or RequestLimits()).time_limit_s, cancelled)
-    return Admitted(head, prefix, ids, budget, watch, (time.perf_counter() - tick) * 1000)
+    return Admitted(prompt, prefix, ids, budget, watch, (time.perf_counter() - tick) * 1000)
 
 
-def prefill(backend: Backend, head: Head, budget: PassBudget) -> Prefix:
-    """Prefill a schema's head in causal chunks that fit the budget.
+def prefill(backend: Backend, prompt: SchemaPrompt, budget: PassBudget) -> Prefix:
+    """Prefill a schema's preamble in causal chunks that fit the budget.
 
     Raises:
         LimitError: If not even one token of the instructions fits.
     """
-    ids = head.prompt.head_ids
+    ids = prompt.chat.preamble_ids
     chunk = budget.fit(len(ids))
     if chunk < 1 and ids:
         raise budget.over("the schema's instructions")

@@ -1,12 +1,12 @@
 """One extraction, kept apart from what the engine compiles once: :class:`Request`.
 
-The engine's compile cache (schema heads, compiled waves, pass plans, row plans; :mod:`pcd_engine.run.compile_cache`) is
-shared by every call. Everything here belongs to one call only (the tokens fed and pending, the tail text with
-the answers written so far, the results, warnings and timings), so concurrent calls never see each other's
-tokens. A request runs in steps, one method each: :meth:`Request.open` (check, tokenize, prefill the head if it
-is not cached; :mod:`pcd_engine.run.opening`), :meth:`Request.decide_wave` per wave, :meth:`Request.generate` for
-the open rows, and :meth:`Request.result`. What a request feeds the model's cache is its base,
-:class:`~pcd_engine.run.feeding.Feeding`.
+The engine's compile cache (schema preambles, compiled waves, pass plans, row plans;
+:mod:`pcd_engine.run.compile_cache`) is shared by every call. Everything here belongs to one call only (the tokens
+fed and pending, the tail text with the answers written so far, the results, warnings and timings), so concurrent
+calls never see each other's tokens. A request runs in steps, one method each: :meth:`Request.open` (check,
+tokenize, prefill the preamble if it is not cached; :mod:`pcd_engine.run.opening`), :meth:`Request.decide_wave`
+per wave, :meth:`Request.generate` for the open rows, and :meth:`Request.result`. What a request feeds the
+model's cache is its base, :class:`~pcd_engine.run.feeding.Feeding`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from pcd_engine.result import (
     generated_result,
 )
 from pcd_engine.run.budget import PassBudget
-from pcd_engine.run.compile_cache import Head
+from pcd_engine.run.compile_cache import SchemaPrompt
 from pcd_engine.run.feeding import Feeding
 from pcd_engine.run.host import Host
 from pcd_engine.run.opening import admit
@@ -88,20 +88,20 @@ class Request(Feeding):
         engine: The engine it runs on (its backend, compile cache, grammars and settings).
         schema: The compiled schema.
         call: The resolved options (every field set).
-        head: The schema's prompt in this call's format.
-        state: The backend's view of the model for this call: the schema head plus the causal tokens fed.
+        prompt: The schema's prompt in this call's format.
+        state: The backend's view of the model for this call: the schema preamble plus the causal tokens fed.
         pending: Causal tokens not fed yet (the document, then the written answers); the next pass feeds them.
         tail_text: The prompt's tail as the next wave or the open rows see it (written answers included).
         watch: Stops the call at a pass boundary when its time is up or it was cancelled.
         budget: The memory budget of one pass.
-        prompt_tokens: Tokens of the whole prompt (head, document, tail).
+        prompt_tokens: Tokens of the whole prompt (preamble, document, tail).
         waves: The closed fields in the order they are decided.
         committed: Tail tokens already fed or pending; a later tail must extend them.
         written: Names of the fields whose answers are written into the tail.
         nodes_scored: Tree nodes fed to the model so far.
         nodes_saved: Tree nodes a one-pass reading of every wave would have fed beyond :attr:`nodes_scored`.
         stage_passes: Scoring passes spent on later stages of staged waves.
-        prefill_passes: Passes spent prefilling the schema head (0 when it was cached).
+        prefill_passes: Passes spent prefilling the schema preamble (0 when it was cached).
         correction_passes: Passes spent reading the content-free lean (0 when the engine had it already).
         generation_passes: Passes spent generating the open rows.
         generated_tokens: Tokens generated for the open rows.
@@ -117,9 +117,8 @@ class Request(Feeding):
         batch_documents: How many documents the last wave's batch correction saw (1 when decided alone).
         group: Whose documents these are: a batch correction estimates a lean only on documents of one group (one
             caller's call), never across callers.
-        head_nodes: Each tapped field's decision nodes in the current wave's tree (one per label of a multi-label
-            field) (fields with a head in the call's
-            ``head``, and :attr:`feature_fields`).
+        tapped_nodes: Each tapped field's decision nodes in the current wave's tree (one per label of a multi-label
+            field): the fields the call's decision head decides, and :attr:`feature_fields`.
         feature_fields: The closed fields whose features the request keeps in :attr:`features` (what a head is
             fitted on).
         features: Per field of :attr:`feature_fields`, the features a head reads (:meth:`field_features`).
@@ -128,7 +127,7 @@ class Request(Feeding):
     engine: Host
     schema: Schema
     call: ExtractOptions
-    head: Head
+    prompt: SchemaPrompt
     state: RequestState
     pending: list[int]
     tail_text: str
@@ -155,7 +154,7 @@ class Request(Feeding):
     lean: Lean = field(default_factory=Lean)
     batch_documents: int = 1
     group: object = None
-    head_nodes: dict[str, list[int]] = field(default_factory=dict)
+    tapped_nodes: dict[str, list[int]] = field(default_factory=dict)
     feature_fields: frozenset[str] = frozenset()
     features: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -174,9 +173,9 @@ class Request(Feeding):
         group: object = None,
         features: frozenset[str] = frozenset(),
     ) -> Request:
-        """Check the request, tokenize it, and start it on the schema's head (prefilled now if not cached).
+        """Check the request, tokenize it, and start it on the schema's preamble (prefilled now if not cached).
 
-        ``lean`` gives the lean the call opens with, called once the request passed its checks and its head is
+        ``lean`` gives the lean the call opens with, called once the request passed its checks and its preamble is
         prefilled (:func:`~pcd_engine.run.batch.open_lean`; ``None``: none), ``group`` says whose document it
         is (see :attr:`group`), and ``features`` names the fields whose features it keeps (:attr:`features`).
 
@@ -185,19 +184,19 @@ class Request(Feeding):
             ContextError: If it does not fit the model's window.
             SchemaError: If an open field's JSON Schema cannot be constrained.
             PromptAlignmentError: If the document changed the tokenization of the prompt's tail.
-            RequestCancelled: If cancelled, or out of time, before the head prefill.
+            RequestCancelled: If cancelled, or out of time, before the preamble prefill.
         """
         admitted = admit(engine, schema, call, document, cancelled=cancelled)
         prefix, prefill_passes, prefill_ms = admitted.prefilled(engine, schema, call)
-        head, ids = admitted.head, admitted.ids
+        prompt, ids = admitted.prompt, admitted.ids
         request = cls(
             engine=engine,
             schema=schema,
             call=call,
-            head=head,
+            prompt=prompt,
             state=engine.backend.start(prefix),
-            pending=list(ids[len(head.prompt.head_ids) : len(ids) - len(head.tail0_ids)]),
-            tail_text=head.prompt.tail_text,
+            pending=list(ids[len(prompt.chat.preamble_ids) : len(ids) - len(prompt.tail0_ids)]),
+            tail_text=prompt.chat.tail_text,
             watch=admitted.watch,
             budget=admitted.budget,
             prompt_tokens=len(ids),
@@ -207,7 +206,7 @@ class Request(Feeding):
             feature_fields=features,
         )
         if call.decider.reads_features or features:  # what heads read, kept from the passes it runs anyway
-            span = (len(head.prompt.head_ids), len(ids) - len(head.tail0_ids))
+            span = (len(prompt.chat.preamble_ids), len(ids) - len(prompt.tail0_ids))
             request.state.tap = FeatureTap(middle_layer(engine.backend.hidden_layers), span)
         request.lean = lean() if lean is not None else Lean()
         request.correction_passes = request.lean.passes
@@ -235,7 +234,7 @@ class Request(Feeding):
         if not asked:
             return WavePlan(index, asked, None, [])
         with self.timed("compile"):
-            cw = self.engine.cache.wave(self.schema, self.head.prompt, [q for _, q in asked], self.tail_text)
+            cw = self.engine.cache.wave(self.schema, self.prompt.chat, [q for _, q in asked], self.tail_text)
             strategies = [self.strategy(q) for _, q in asked]
             staging = str(self.call.staging or "auto")
             readings = plan_reading(cw, strategies, staging=staging, cost=self.pass_cost(cw))
@@ -364,7 +363,7 @@ class Request(Feeding):
                 if spec.scored and spec.name not in self.written:
                     self.write(spec)
             engine = self.engine
-            rows = engine.cache.row_plan(self.schema, self.head.prompt, open_fields, self.tail_text)
+            rows = engine.cache.row_plan(self.schema, self.prompt.chat, open_fields, self.tail_text)
             self.extend(rows.tail_ids, rows.causal_len, where="Open rows", need_new=False)
             prefix_tokens = sum(len(p) for p in rows.prefixes)
             self.fit_causal(extra=prefix_tokens, keep=0)
@@ -408,7 +407,7 @@ class Request(Feeding):
         ``passes_before`` (the thread's pass count when the call began; ``None`` takes :attr:`passes`, the count
         a batch keeps per request)."""
         warnings = list(self.warnings)
-        if self.head.prompt.system_folded:
+        if self.prompt.chat.system_folded:
             warnings.insert(0, "The chat template has no system role; the instructions were put in the user turn.")
         if self.backend.scorer == "rows":
             warnings.insert(0, "This model's cache cannot branch by masking; labels were scored one row each (slower).")
@@ -419,7 +418,7 @@ class Request(Feeding):
         stats = ExtractionStats(
             phases_ms=phases,
             prompt_tokens=self.prompt_tokens,
-            cached_tokens=len(self.head.prompt.head_ids),
+            cached_tokens=len(self.prompt.chat.preamble_ids),
             forward_passes=self.passes if passes_before is None else self.backend.thread_passes - passes_before,
             nodes_scored=self.nodes_scored,
             nodes_saved=self.nodes_saved,

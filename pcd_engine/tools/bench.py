@@ -36,7 +36,7 @@ class BenchRow:
         preset: The preset's name.
         fields: Number of fields.
         labels: Number of labels over all fields.
-        pcd_ms: Median ms of ``extract`` with default settings (warm head).
+        pcd_ms: Median ms of ``extract`` with default settings (warm preamble).
         passes: Forward passes of one default-settings extract.
         one_pass_ms: Median ms with ``anchor=False`` and ``depends_on`` dropped: every field in ONE pass.
         values: pcd's default-settings values.

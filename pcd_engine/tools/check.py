@@ -6,7 +6,7 @@ non-zero when any failed:
 * ``packed = one at a time``: every label path of a field set with shared prefixes and integer labels, scored
   tree-packed in one pass, equals the backend's plain reference (:meth:`Backend.sequence_logprobs`: one causal
   pass over prompt + path, no cache, no tree mask, default positions);
-* ``head cache untouched``: scoring the same wave twice from one cached head gives the same log-probs, and the
+* ``cached preamble untouched``: scoring the same wave twice from one cached preamble gives the same log-probs, and the
   request state holds only its causal tokens afterwards;
 * ``split passes = one pass``: the same tree split into passes of 5 nodes gives the same log-probs;
 * ``example presets compile``: each example preset's prompt renders with the model's chat template and every
@@ -93,11 +93,11 @@ def _probe(engine: Engine) -> dict[str, Any]:
     ids = prompt.request_ids(tv, PROBE_TEXT)
     wave = compile_wave(tv, schema.fields, boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
     causal_end = len(ids) - len(wave.tail_ids) + wave.causal_len
-    prefix = backend.prefill(prompt.head_ids)
+    prefix = backend.prefill(prompt.preamble_ids)
 
     def score(max_nodes: int) -> tuple[np.ndarray, Any, int]:
         state = backend.start(prefix)
-        pending = list(ids[len(prompt.head_ids) : causal_end])
+        pending = list(ids[len(prompt.preamble_ids) : causal_end])
         logprobs = np.full(len(wave.tree), np.nan)
         passes = plan_passes(wave.tree, max_nodes=max_nodes)
         for batch in passes:
@@ -123,13 +123,13 @@ def _packed_vs_reference(engine: Engine, probe: dict[str, Any]) -> tuple[bool, s
     return ok, f"{paths} paths in {passes} pass(es), largest difference {worst:.1e} (tolerance {tol:.0e})"
 
 
-def _head_untouched(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
+def _preamble_untouched(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
     first, _, _ = probe["score"](100_000)
     again, state, _ = probe["score"](100_000)
     diff = float(np.abs(first - again).max())
     length_ok = state.length == len(probe["context"])
     ok = diff <= 1e-5 and length_ok
-    detail = f"second request from the same head: largest difference {diff:.1e}; state length {state.length}"
+    detail = f"second request from the same cached preamble: largest difference {diff:.1e}; state length {state.length}"
     return ok, detail + ("" if length_ok else f" (expected {len(probe['context'])})")
 
 
@@ -200,7 +200,7 @@ def _one_extraction(engine: Engine, probe: dict[str, Any]) -> tuple[bool, str]:
 
 CHECKS: tuple[tuple[str, Callable[[Any, dict[str, Any]], tuple[bool, str]]], ...] = (
     ("packed = one at a time", _packed_vs_reference),
-    ("head cache untouched", _head_untouched),
+    ("cached preamble untouched", _preamble_untouched),
     ("split passes = one pass", _split_passes),
     ("example presets compile", _presets_compile),
     ("one extraction", _one_extraction),
@@ -232,7 +232,7 @@ def run_checks(engine: Engine, *, tol: float | None = None) -> Iterator[Check]:
         problem = str(exc)
     for name, run in CHECKS:
         started = time.perf_counter()
-        if probe is None and run in (_packed_vs_reference, _head_untouched, _split_passes):
+        if probe is None and run in (_packed_vs_reference, _preamble_untouched, _split_passes):
             yield Check(name, False, problem, 0.0)
             continue
         try:
@@ -302,7 +302,7 @@ def check_backend(
     """Check that a model and backend work with pcd: the conformance checks of ``pcd check``, as an API.
 
     Use it on your own model, or on your own :class:`~pcd_engine.backends.contract.Backend` subclass: packed scoring
-    must equal the backend's plain one-sequence reference within ``tol``, the cached head must stay untouched,
+    must equal the backend's plain one-sequence reference within ``tol``, the cached preamble must stay untouched,
     split passes must equal one pass, the example presets must compile with the model's chat template, and a real
     extraction must return every key with a valid value. A failed comparison is reported, never raised.
 

@@ -3,7 +3,7 @@
 Each closed question walks down its token trie one level per forward pass, and at each level expands only the
 subtree of its most probable token: pass 1 reads every question's first distinguishing tokens, pass 2 the children
 of each question's best one, and so on until every question stands on a label's last token. All questions walk
-together (one tree-packed pass per level, on pcd's own prompt and cached head), so the walk feeds few nodes but
+together (one tree-packed pass per level, on pcd's own prompt and cached preamble), so the walk feeds few nodes but
 needs as many passes as the deepest label is long, and, being greedy, its winner can differ from the best full
 label. Open fields are then generated as pcd generates them.
 """
@@ -68,7 +68,7 @@ def generate_greedy_walk(
 def _walk(request: Request, asked: list[Any]) -> list[Decision]:
     """Walk every question's trie greedily, one level per pass; one decision (the reached label) per question."""
     engine = request.engine
-    wave = engine.cache.wave(request.schema, request.head.prompt, [q for _, q in asked], request.tail_text)
+    wave = engine.cache.wave(request.schema, request.prompt.chat, [q for _, q in asked], request.tail_text)
     request.extend(wave.tail_ids, wave.causal_len, where="Greedy walk", need_new=True)
     tree = wave.tree
     children: dict[int, list[int]] = {}

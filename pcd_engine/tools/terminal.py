@@ -24,7 +24,7 @@ __all__ = [
     "read_json",
     "read_preset",
     "read_text",
-    "RESULT_HEAD",
+    "RESULT_COLUMNS",
     "result_rows",
     "shorten",
     "show_table",
@@ -34,10 +34,10 @@ __all__ = [
 ]
 
 
-def table(head: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def table(columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """A Markdown table with its columns padded to line up (plain text: what piped output and files get)."""
-    cells = [[str(c) for c in head], *[[_cell(c) for c in row] for row in rows]]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    cells = [[str(c) for c in columns], *[[_cell(c) for c in row] for row in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(cells[0], widths, strict=True)) + " |"]
     lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in cells[1:]]
@@ -48,30 +48,30 @@ def _cell(value: Any) -> str:
     return " ".join(str(value).split("\n")).replace("|", "\\|")
 
 
-def show_table(head: Sequence[str], rows: Sequence[Sequence[Any]], *, file: Any = None, console: Any = None) -> None:
+def show_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], *, file: Any = None, console: Any = None) -> None:
     """Print a table: on a terminal with rich (aligned, long values wrapped to the width, a bold header), else as
     :func:`table` (plain padded Markdown, no escape codes).
 
     Args:
-        head: The column names.
+        columns: The column names.
         rows: The rows, one value per column.
         file: Where to print (default stdout); a terminal gets rich's table.
         console: A ``rich.console.Console`` to print to instead (a recording one can save the table as SVG).
     """
     out = sys.stdout if file is None else file
     if console is None and not getattr(out, "isatty", lambda: False)():
-        print(table(head, rows), file=out)
+        print(table(columns, rows), file=out)
         return
     from rich.console import Console
     from rich.table import Table
 
-    grid = Table(*head, header_style="bold", show_lines=False, expand=False)
+    grid = Table(*columns, header_style="bold", show_lines=False, expand=False)
     for row in rows:
         grid.add_row(*(str(c) for c in row))
     (console or Console(file=out, soft_wrap=False)).print(grid)
 
 
-RESULT_HEAD = ("field", "value", "probability", "candidate mass", "next alternatives")
+RESULT_COLUMNS = ("field", "value", "probability", "candidate mass", "next alternatives")
 """The columns of :func:`result_rows`."""
 
 

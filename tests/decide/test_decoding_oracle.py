@@ -94,7 +94,7 @@ def test_passes_per_request(oracle):
     _, backend = oracle
     preset = {**PRESET, "after": {"type": "boolean", "depends_on": ["tone"]}}
     engine = Engine(backend, anchor=False, correction="none")
-    engine.extract(TEXT, PRESET)  # head prefill happens once
+    engine.extract(TEXT, PRESET)  # preamble prefill happens once
     backend.passes.clear()
     out = engine.extract(TEXT, PRESET)
     assert out.stats.forward_passes == 1 and len(backend.passes) == 1

@@ -205,7 +205,7 @@ def test_engine_staged_equals_one_pass_on_the_oracle(smol_tokenizer, strategy, n
     assert whole.stats.stage_passes == 0
     if shape == "long":  # tails below the identifying number: read in a later stage
         assert staged.stats.stage_passes >= 1
-    scoring = len(whole.stats.documents_per_pass)  # scoring passes (the head prefill is not one)
+    scoring = len(whole.stats.documents_per_pass)  # scoring passes (the preamble prefill is not one)
     assert len(staged.stats.documents_per_pass) == scoring + staged.stats.stage_passes
     if strategy is None:
         assert whole.stats.nodes_saved > 0  # the marginal fields' tails were never fed, even in one pass
@@ -246,13 +246,13 @@ def test_the_greedy_walk_baseline_is_the_greedy_descent(smol_tokenizer):
     lm = OracleLM(len(smol_tokenizer), salt="walk")
     backend = OracleBackend(smol_tokenizer, lm)
     engine = Engine(backend, anchor=False, correction="none")
-    engine.extract(TEXT, schema)  # the head prefill is not part of the count
+    engine.extract(TEXT, schema)  # the preamble prefill is not part of the count
     before = backend.forward_passes
     walked = generate_greedy_walk(engine, TEXT, schema)
     view = TokenizerView(smol_tokenizer)
     prompt = ChatPrompt.build(view, schema)
     wave = compile_wave(view, list(schema.fields), boundary_text=prompt.boundary_text, tail_text=prompt.tail_text)
-    ids, tail0 = engine.prompt_for(TEXT, schema), engine.head(schema)[0].tail0_ids
+    ids, tail0 = engine.prompt_for(TEXT, schema), engine.schema_prompt(schema)[0].tail0_ids
     context = ids[: len(ids) - len(tail0)] + list(wave.tail_ids[: wave.causal_len])  # as the request feeds it
     full = np.array(
         [
@@ -309,7 +309,7 @@ def test_the_pass_cost_is_measured_once_without_changing_the_state(backend):
     assert isinstance(cost, PassCost) and cost.measured and cost.fixed_ms >= 0 and cost.node_ms >= 0
     again = engine.extract(TEXT, schema)
     assert engine._pass_cost is cost and again.values == first.values
-    state = backend.start(engine.head(schema)[1])
+    state = backend.start(engine.schema_prompt(schema)[1])
     length = state.length
     measure_pass_cost(backend, state, token=5, sizes=(2, 6), repeats=1)
     assert state.length == length

@@ -87,7 +87,7 @@ def test_sixteen_documents_one_pass_per_wave(backend):
     texts = [f"Ticket {i}: {PROBE_TEXT}" for i in range(16)]
     for anchor, passes in ((False, 1), (True, 2)):
         engine = Engine(backend, anchor=anchor)
-        engine.extract(texts[0], PROBE)  # the head prefill is not part of the count
+        engine.extract(texts[0], PROBE)  # the preamble prefill is not part of the count
         before = backend.forward_passes
         out = engine.extract_many(texts, PROBE, batch_size=16)
         assert backend.forward_passes - before == passes
@@ -164,12 +164,12 @@ def test_score_trees_equals_score_tree_and_leaves_the_same_states(backend):
     """The backend contract: one batched pass gives each request what its own pass gives, and each state grows
     by its own causal tokens only (a second pass on the grown states agrees too)."""
     engine = Engine(backend, anchor=False)
-    head, prefix = engine.head(PROBE)
+    prompt, prefix = engine.schema_prompt(PROBE)
     schema = compile_schema(PROBE)
-    wave = compile_wave(engine.tokenizer, schema.fields, boundary_text=head.prompt.boundary_text,
-                        tail_text=head.prompt.tail_text)  # fmt: skip
+    wave = compile_wave(engine.tokenizer, schema.fields, boundary_text=prompt.chat.boundary_text,
+                        tail_text=prompt.chat.tail_text)  # fmt: skip
     (batch,) = plan_passes(wave.tree, max_nodes=10_000)
-    docs = [engine.prompt_for(t, PROBE)[len(head.prompt.head_ids) :] for t in TEXTS[:3]]
+    docs = [engine.prompt_for(t, PROBE)[len(prompt.chat.preamble_ids) :] for t in TEXTS[:3]]
     causals = [d[: len(d) - len(wave.tail_ids) + wave.causal_len] for d in docs]
     one = [backend.start(prefix) for _ in docs]
     many = [backend.start(prefix) for _ in docs]

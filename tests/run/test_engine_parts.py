@@ -72,19 +72,19 @@ def test_pass_budget_fit_equals_the_backend_estimate(smol_tokenizer):
     assert PassBudget.of(backend, 2.0).bytes == 2 * 2**20
 
 
-def test_heads_are_cached_per_prompt_format_and_evicted(smol_tokenizer):
+def test_schema_prompts_are_cached_per_prompt_format_and_evicted(smol_tokenizer):
     backend = OracleBackend(smol_tokenizer, OracleLM(len(smol_tokenizer)))
-    engine = Engine(backend, head_cache_size=1)
+    engine = Engine(backend, prompt_cache_size=1)
     schema = example_preset("support_triage").schema
     engine.extract(TEXT, schema)
     engine.extract(TEXT, schema, instructions="Answer carefully.")
-    assert len(engine.cache.heads) == 1  # the first format's head was dropped
+    assert len(engine.cache.prompts) == 1  # the first format's preamble was dropped
     before = backend.forward_passes
-    head, _prefix = engine.head(schema, instructions="Answer carefully.")
+    prompt, _prefix = engine.schema_prompt(schema, instructions="Answer carefully.")
     assert backend.forward_passes == before  # cached: no prefill
-    engine.head(schema)
+    engine.schema_prompt(schema)
     assert backend.forward_passes > before  # evicted: prefilled again
-    assert head.prompt.head_ids and head.tail0_ids
+    assert prompt.chat.preamble_ids and prompt.tail0_ids
 
 
 def test_request_steps_equal_extract(smol_tokenizer):
@@ -104,12 +104,12 @@ def test_request_steps_equal_extract(smol_tokenizer):
     assert {k: r.probability for k, r in out.fields.items()} == {k: r.probability for k, r in whole.fields.items()}
 
 
-def test_plain_pass_runs_one_causal_pass_and_leaves_the_head(engine):
+def test_plain_pass_runs_one_causal_pass_and_leaves_the_preamble(engine):
     out = engine.extract(TEXT, example_preset("support_triage").schema, anchor=False)
-    head, prefix = engine.head(out.schema)
+    prompt, prefix = engine.schema_prompt(out.schema)
     backend = engine.backend
     before = backend.forward_passes
-    run = backend.plain_pass(prefix, head.prompt.head_ids[:5], rows=3)
+    run = backend.plain_pass(prefix, prompt.chat.preamble_ids[:5], rows=3)
     run()
     run()
     assert backend.forward_passes == before + 2

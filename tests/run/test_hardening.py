@@ -570,10 +570,10 @@ def _comparable(out: Any) -> dict[str, Any]:
 
 
 def test_sixteen_threads_on_one_engine_equal_serial_calls(smol_tokenizer):
-    """Mixed schemas, head_cache_size=1 (every other call evicts a head another thread is using)."""
+    """Mixed schemas, prompt_cache_size=1 (every other call evicts a head another thread is using)."""
     from pcd_engine.backends.torch import TorchBackend
 
-    engine = Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer), head_cache_size=1)
+    engine = Engine(TorchBackend(tiny_model("llama", len(smol_tokenizer)), smol_tokenizer), prompt_cache_size=1)
     jobs = _jobs()
     serial = [_comparable(engine.extract(text, schema)) for text, schema in jobs]
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -588,7 +588,7 @@ def test_langchain_ainvoke_on_distinct_schemas_concurrently(smol_tokenizer):
     from pcd_engine.backends.torch import TorchBackend
     from pcd_integrations.langchain import ChatPCD
 
-    engine = Engine(TorchBackend(tiny_model("qwen2", len(smol_tokenizer)), smol_tokenizer), head_cache_size=1)
+    engine = Engine(TorchBackend(tiny_model("qwen2", len(smol_tokenizer)), smol_tokenizer), prompt_cache_size=1)
     chat = ChatPCD(engine=engine)
     schemas = [
         {"title": f"S{i}", "type": "object", "properties": {"pick": {"enum": [f"a{i}", f"b{i}"]}}} for i in range(16)

@@ -116,7 +116,7 @@ def test_check_passes_on_a_working_model(capsys, tiny):
     rows = table_rows(out, "check")
     assert [r[0] for r in rows] == [
         "packed = one at a time",
-        "head cache untouched",
+        "cached preamble untouched",
         "split passes = one pass",
         "example presets compile",
         "one extraction",
@@ -773,7 +773,7 @@ def test_the_demo_prints_one_table_and_its_screenshot_is_saved(capsys, default_e
     from rich.console import Console
 
     from pcd_engine.__main__ import EXAMPLE, Ticket, main
-    from pcd_engine.tools.terminal import RESULT_HEAD, result_rows, show_table
+    from pcd_engine.tools.terminal import RESULT_COLUMNS, result_rows, show_table
 
     assert main([]) == 0
     out = capsys.readouterr().out
@@ -786,7 +786,7 @@ def test_the_demo_prints_one_table_and_its_screenshot_is_saved(capsys, default_e
             assert f"{json.dumps(chosen)}=" not in runners_up, name
 
     recording = Console(record=True, width=110, file=io.StringIO(), force_terminal=True)
-    show_table(RESULT_HEAD, result_rows(default_engine.extract(EXAMPLE, Ticket)), console=recording)
+    show_table(RESULT_COLUMNS, result_rows(default_engine.extract(EXAMPLE, Ticket)), console=recording)
     ARTIFACTS.mkdir(exist_ok=True)
     recording.save_svg(str(ARTIFACTS / "demo-table.svg"), title="python -m pcd_engine")
     assert (ARTIFACTS / "demo-table.svg").read_text().startswith("<svg")

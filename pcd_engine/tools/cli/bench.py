@@ -50,12 +50,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print()
     print(f"model: {args.model}; {common.describe(engine)}; medians of {args.repeats}")
     print(versions() + "\n")
-    head = ["preset", "fields", "pcd ms", "passes", "nodes (saved)", "pcd 1-wave ms", "unstaged ms", "no drafts ms"]
-    head += ["tokens/step (accepted)"]
+    columns = ["preset", "fields", "pcd ms", "passes", "nodes (saved)", "pcd 1-wave ms", "unstaged ms", "no drafts ms"]
+    columns += ["tokens/step (accepted)"]
     for method in against:
-        head += [f"{method} ms", f"{method} tokens", f"{method} valid", f"{method} agree", f"speed-up vs {method}"]
+        columns += [f"{method} ms", f"{method} tokens", f"{method} valid", f"{method} agree", f"speed-up vs {method}"]
     if "ar" in against:
-        head += ["full-answer AR ms", "speed-up vs full-answer AR"]
+        columns += ["full-answer AR ms", "speed-up vs full-answer AR"]
     rows_out = []
     for r in rows:
         line: list[Any] = [r.preset, r.fields, f"{r.pcd_ms:.0f}", r.passes, f"{r.nodes_scored} ({r.nodes_saved})"]
@@ -71,7 +71,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if r.full_answer_ms is not None:
             line += [f"{r.full_answer_ms:.0f} ({r.full_answer_tokens} tok)", f"{r.full_answer_ms / r.pcd_ms:.1f}x"]
         rows_out.append(line)
-    show_table(head, rows_out)
+    show_table(columns, rows_out)
     setups = [f"{r.preset} {b.setup_ms:.0f} ms" for r in rows for b in r.baselines if b.setup_ms]
     if setups:
         print(f"\noutlines index compilation (once per schema, not in the medians): {', '.join(setups)}")

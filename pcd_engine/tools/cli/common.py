@@ -22,7 +22,7 @@ def extract_options(args: argparse.Namespace) -> ExtractOptions:
     """The decoding flags of ``run``, ``eval``, ``calibrate`` and ``tag`` as one :class:`ExtractOptions` (unset
     flags keep defaults; ``--calibration`` and ``--head`` are read from their files)."""
     from pcd_engine.calibrate.calibrator import Calibrator
-    from pcd_engine.calibrate.heads import Head
+    from pcd_engine.heads.head import Head
 
     flags = {
         "strategy": args.strategy,

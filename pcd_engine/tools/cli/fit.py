@@ -48,7 +48,7 @@ def add(sub: Any) -> None:
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    from pcd_engine.calibrate.heads import FIT_CHUNK, Head
+    from pcd_engine.heads.head import FIT_CHUNK, Head
 
     if args.head:
         raise OptionError("pcd fit: expected no --head: it fits a new one.")
@@ -82,7 +82,7 @@ def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[st
     Raises:
         InputError: If a file cannot be read, a column is missing, or no document is labelled.
     """
-    from pcd_engine.calibrate.heads import HEADED_KINDS
+    from pcd_engine.heads.head import HEADED_KINDS
     from pcd_engine.tagging.corpus import read_corpus, read_records
     from pcd_engine.tools.serve.outcomes import logged_examples
 

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 from pcd_engine.errors import OptionError
 from pcd_engine.run.admission import check_text
 from pcd_engine.tools.cli import common
-from pcd_engine.tools.terminal import RESULT_HEAD, read_json, read_preset, read_text, result_rows, shorten, show_table
+from pcd_engine.tools.terminal import (
+    RESULT_COLUMNS,
+    read_json,
+    read_preset,
+    read_text,
+    result_rows,
+    shorten,
+    show_table,
+)
 
 if TYPE_CHECKING:
     pass
@@ -67,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(json.dumps(out.to_json(), indent=2, ensure_ascii=False))
         return 0
     print(f"text: {shorten(text)}\n")
-    show_table(RESULT_HEAD, result_rows(out))
+    show_table(RESULT_COLUMNS, result_rows(out))
     s = out.stats
     print(
         f"\n{len(out.fields)} fields, {s.forward_passes} forward passes, {s.waves} waves, {s.prompt_tokens} prompt "

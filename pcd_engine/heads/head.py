@@ -4,7 +4,7 @@ fitted from a few labelled examples, and kept as plain JSON tied to the model an
 This module owns the head as a value: its numbers, the arithmetic that turns features into a distribution over the
 field's labels, fitting one with scikit-learn (:meth:`Head.fit` reads the features from the engine's own passes,
 :meth:`~pcd_engine.engine.Engine.read_features`), the held-out distributions its gate
-(:mod:`pcd_engine.calibrate.gates`) compares with the model's own decision, saving, loading and checking it (every
+(:mod:`pcd_engine.heads.gates`) compares with the model's own decision, saving, loading and checking it (every
 number and label of a file is checked, as a calibration's are; nothing is unpickled). A call decides a field with
 its head through the ``head`` option (:class:`~pcd_engine.options.ExtractOptions`).
 
@@ -23,13 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.calibrate.field_heads import (
-    FieldHead,
-    fit_field_head,
-    fit_flag_head,
-    held_out_distributions,
-    held_out_yes,
-)
 from pcd_engine.calibrate.fitted import (
     Reader,
     check_fitted_on,
@@ -38,8 +31,15 @@ from pcd_engine.calibrate.fitted import (
     same_labels,
     write_json_file,
 )
-from pcd_engine.calibrate.gates import Gate, gate
 from pcd_engine.errors import OptionError
+from pcd_engine.heads.fields import (
+    FieldHead,
+    fit_field_head,
+    fit_flag_head,
+    held_out_distributions,
+    held_out_yes,
+)
+from pcd_engine.heads.gates import Gate, gate
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = ["FEATURE_RECIPES", "FIT_CHUNK", "HEADED_KINDS", "Head", "example_targets"]
@@ -70,7 +70,7 @@ class Head:
         examples: How many labelled examples it was fitted on.
         fields: One :class:`FieldHead` per field it decides (the others are decided as without a head).
         gates: From :meth:`fit`, each field's head against the model's own decision on held-out examples
-            (:class:`~pcd_engine.calibrate.gates.Gate`); not saved, and empty on a loaded head.
+            (:class:`~pcd_engine.heads.gates.Gate`); not saved, and empty on a loaded head.
     """
 
     schema_fingerprint: str
@@ -135,7 +135,7 @@ class Head:
             batch_size: Documents per pass (``None``: the engine's choice).
             progress: Called with a short description before each chunk of :data:`FIT_CHUNK` documents.
             require_better: Refuse (:class:`~pcd_engine.errors.OptionError`) when a field's head is not better than
-                the model's own decision beyond chance (:attr:`~pcd_engine.calibrate.gates.Gate.better`).
+                the model's own decision beyond chance (:attr:`~pcd_engine.heads.gates.Gate.better`).
             seed: Seeds the held-out folds and the bootstrap.
 
         Raises:

@@ -2,7 +2,7 @@
 that turns features into the field's distribution, and fitting it with scikit-learn, for a single-label field (a
 multinomial logistic regression) and a multi-label one (a yes/no regression per label, each over the features read
 where that label's flag is decided); and the held-out distributions a head's gate compares
-(:func:`held_out_distributions`). :class:`~pcd_engine.calibrate.heads.Head` ties field heads to a schema and model.
+(:func:`held_out_distributions`). :class:`~pcd_engine.heads.head.Head` ties field heads to a schema and model.
 """
 
 from __future__ import annotations

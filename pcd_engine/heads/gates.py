@@ -1,7 +1,7 @@
 """The gate a decision head passes before it is trusted (issue 46): how well a reader's distributions decide held-out
 examples (:func:`scores`: accuracy, macro-F1, ECE, Brier), and a head against the model's own decision on the same
 examples with a paired bootstrap interval of the accuracy gained (:func:`gate`). Plain statistics over distributions;
-the held-out distributions come from :func:`~pcd_engine.calibrate.heads.held_out_distributions`.
+the held-out distributions come from :func:`~pcd_engine.heads.head.held_out_distributions`.
 """
 
 from __future__ import annotations

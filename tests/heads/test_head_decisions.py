@@ -89,7 +89,7 @@ def test_the_head_reads_what_a_plain_forward_pass_computes(tiny_engine, fitted):
     causal = ids[: len(ids) - len(wave.tail_ids) + wave.causal_len]
     layer = middle_layer(tiny_engine.backend.hidden_layers)
     middle, last = torch_hidden_states(tiny_engine.backend.model, [*causal, *reversed(chain)], layer)
-    lo, hi = len(prompt.head_ids), len(ids) - len(wave.tail_ids)
+    lo, hi = len(prompt.preamble_ids), len(ids) - len(wave.tail_ids)
     expected = np.concatenate([last[-1], middle[lo:hi].mean(axis=0)])
     np.testing.assert_allclose(features["tone"], expected, atol=1e-4 * np.abs(expected).max())
     decided = tiny_engine.extract(text, SCHEMA, head=fitted).fields["tone"].label_distribution

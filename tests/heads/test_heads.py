@@ -13,10 +13,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcd_engine import compile_schema
-from pcd_engine.calibrate.field_heads import UNSEEN_LOG_ODDS, fit_field_head, held_out_distributions
-from pcd_engine.calibrate.gates import gate, scores
-from pcd_engine.calibrate.heads import Head
 from pcd_engine.errors import InputError, OptionError
+from pcd_engine.heads.fields import UNSEEN_LOG_ODDS, fit_field_head, held_out_distributions
+from pcd_engine.heads.gates import gate, scores
+from pcd_engine.heads.head import Head
 from tests.support import json_mutations
 
 SCHEMA = {"topic": {"type": "enum", "choices": ["business", "sport", "tech"]}, "urgent": {"type": "boolean"}}
