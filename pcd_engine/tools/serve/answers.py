@@ -409,17 +409,29 @@ def _check_limit(value: int | None, param: str) -> None:
         raise HTTPError(400, "invalid_request", str(exc), param=param) from None
 
 
-def extract_options(server: Server, pcd: Any, temperature: Any, limit: int | None, *, param: str) -> ExtractOptions:
-    """The ``pcd`` options, with OpenAI's ``temperature`` and token limit (each generated value's) laid over them.
+def extract_options(server: Server, pcd: Any, temperature: Any, reply_tokens: int) -> ExtractOptions:
+    """The ``pcd`` options with OpenAI's ``temperature`` laid over them, and each open value's token limit kept
+    within the reply's.
+
+    Two limits, two numbers: the client's token limit (``max_tokens``, ``max_completion_tokens``,
+    ``max_output_tokens``; :func:`token_limit`) caps the whole reply, and ``pcd.max_tokens`` (the engine's default
+    when unnamed) caps each generated value of a structured reply. A value is part of the reply, so its limit is the
+    smaller of the two; a field's own ``maxLength``-derived limit still wins below it.
+
+    Args:
+        server: The server (its client options and engine defaults).
+        pcd: The request's ``pcd`` options.
+        temperature: OpenAI's temperature (positive: reshapes the probabilities; 0 or ``None``: the engine's).
+        reply_tokens: The reply's token limit, already checked (:func:`token_limit`).
 
     Raises:
-        HTTPError: 400 for a bad option or limit.
+        HTTPError: 400 for a bad option.
     """
     options = server.client_options(pcd, where="pcd")
-    _check_limit(limit, param)
     check_temperature(temperature)
-    # OpenAI's temperature reshapes the probabilities when positive; 0 or none: the engine's (as documented)
-    return surface_options(temperature=temperature, max_tokens=limit).over(options)
+    layered = surface_options(temperature=temperature).over(options)
+    per_value = server.engine.resolve(layered).value_tokens
+    return surface_options(max_tokens=min(per_value, reply_tokens)).over(layered)
 
 
 def check_temperature(temperature: Any) -> None:

@@ -177,10 +177,12 @@ def _ask(server: Server, body: ChatCompletionRequest) -> Ask:
         name, description = function.get("name"), function.get("description")
         tools.append(function_tool(name, description, parameters, where=f"tools[{i}].function", param="tools"))
     schema = (fmt.get("json_schema") or {}).get("schema") if kind == "json_schema" else None
+    # the client's token limit caps the whole reply; each open value's (pcd.max_tokens) stays within it
+    reply = token_limit(body.token_limit, server, param="max_tokens")
     return Ask(
         messages=chat_messages(body.messages),
-        options=extract_options(server, body.pcd, body.temperature, body.token_limit, param="max_tokens"),
-        max_new_tokens=token_limit(body.token_limit, server, param="max_tokens"),
+        options=extract_options(server, body.pcd, body.temperature, reply),
+        max_new_tokens=reply,
         tools=tools,
         tool_choice=body.tool_choice,
         parallel=body.parallel_tool_calls is not False,

@@ -87,10 +87,12 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
             function_tool(raw.get("name"), raw.get("description"), parameters, where=f"tools[{i}]", param="tools")
         )
     turns = ([{"role": "system", "content": body.instructions}] if body.instructions else []) + input_turns(body.input)
+    # the client's token limit caps the whole reply; each open value's (pcd.max_tokens) stays within it
+    reply = token_limit(body.max_output_tokens, server, param="max_output_tokens")
     return Ask(
         messages=chat_messages(turns, param="input"),
-        options=extract_options(server, body.pcd, body.temperature, body.max_output_tokens, param="max_output_tokens"),
-        max_new_tokens=token_limit(body.max_output_tokens, server, param="max_output_tokens"),
+        options=extract_options(server, body.pcd, body.temperature, reply),
+        max_new_tokens=reply,
         tools=tools,
         tool_choice=body.tool_choice,
         parallel=body.parallel_tool_calls is not False,
