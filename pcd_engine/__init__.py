@@ -14,6 +14,7 @@ from pcd_engine.calibrate.calibrator import Calibrator
 from pcd_engine.calibrate.shares import LabelShares, label_shares
 from pcd_engine.engine import Engine, EngineOptions
 from pcd_engine.errors import (
+    BackendCapabilityError,
     BackendUnavailableError,
     ContextError,
     DatasetError,
@@ -53,6 +54,7 @@ __all__ = [
     "ALIASES",
     "DEFAULT_MODEL",
     "Alternative",
+    "BackendCapabilityError",
     "BackendUnavailableError",
     "Calibrator",
     "ChatMessage",

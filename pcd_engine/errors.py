@@ -15,6 +15,7 @@ __all__ = [
     "check_count",
     "pip_install",
     "require",
+    "BackendCapabilityError",
     "BackendUnavailableError",
     "ContextError",
     "DatasetError",
@@ -79,6 +80,11 @@ class ModelLoadError(PCDError, OSError):
 
 class BackendUnavailableError(PCDError, ImportError):
     """The requested backend's libraries are not installed on this machine."""
+
+
+class BackendCapabilityError(PCDError, TypeError):
+    """A call needs an optional capability its backend does not declare (open rows, feature taps, the plain
+    reference; :mod:`pcd_engine.backends.capabilities`). Raised before the request runs a pass."""
 
 
 class OptionError(PCDError, ValueError):

@@ -8,6 +8,7 @@ EXPECTED_ENGINE = [
     "ALIASES",
     "DEFAULT_MODEL",
     "Alternative",
+    "BackendCapabilityError",
     "BackendUnavailableError",
     "Calibrator",
     "ChatMessage",

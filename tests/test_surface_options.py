@@ -158,7 +158,7 @@ def test_the_same_settings_give_the_same_options_on_every_surface(tiny_engine, m
     assert chat._call_options() == pcd_llm.extract_options == tagger._call_options() == expected
 
     serving = server.Server(tiny_engine, "pcd", 1000, 7, RequestLimits(), 1.0)
-    got = answers.extract_options(serving, options, 2.0, 7, param="max_tokens")
+    got = answers.extract_options(serving, options, 2.0, 7)  # a 7-token reply: each value within it
     assert got == real(("options", options), temperature=2.0, max_tokens=7)  # the server's limits are its own
     flags = argparse.Namespace(
         strategy=None, no_anchor=True, temperature=2.0, max_tokens=7, memory_budget_mb=None, instructions=None,

@@ -1,11 +1,12 @@
-"""The machinery every backend shares on top of its few primitives (:mod:`pcd_engine.backends.contract` says
+"""The machinery every backend shares on top of its few primitives (:mod:`pcd_engine.backends.capabilities` says
 which): open-field rows growing as one token tree (:class:`Growth`, :func:`packed_generate`) or broadcast over a
 batch (:func:`rows_generate`), several requests in one batched pass (:func:`batched_pass`, :func:`grow_many`), and
 the memory estimate of a pass (:func:`estimate_pass_bytes`).
 
 The functions take the backend as :class:`Hooks`: the primitives a backend implements for them (the buffered batch
-rows, the packed and rows passes, the fork of a cache); :class:`~pcd_engine.backends.contract.Backend` calls them
-from its methods, so a backend overrides hooks, never this machinery.
+rows, the packed and rows passes, the fork of a cache), the hooks of the capabilities it declares
+(:mod:`pcd_engine.backends.capabilities`, whose classes call them), so a backend implements hooks, never this
+machinery.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ __all__ = [
     "Drafter",
     "Growth",
     "Hooks",
+    "Rows",
     "append_and_score",
     "batched_pass",
     "estimate_pass_bytes",
@@ -36,17 +38,22 @@ __all__ = [
 ]
 
 
-class Hooks(Protocol):
-    """What the shared machinery needs of a backend (see :class:`~pcd_engine.backends.contract.Backend`, which
-    documents each hook)."""
+class Rows(Protocol):
+    """What :func:`generate_each` needs of a backend: its pass count and its open rows."""
 
     forward_passes: int
-    scorer: str
 
     def generate_rows(
         self, state: Any, *, causal: Sequence[int], prefixes: Sequence[Sequence[int]], choose: Chooser,
         before_pass: Callable[[], None] | None = None, draft: Drafter | None = None,
     ) -> int: ...  # fmt: skip
+
+
+class Hooks(Rows, Protocol):
+    """What the shared machinery needs of a backend: the hooks of its declared capabilities
+    (:mod:`pcd_engine.backends.capabilities`, which documents each)."""
+
+    scorer: str
 
     def _buffered_cache(self, states: list[Any], widest: int, room: int) -> Any: ...
 
@@ -194,7 +201,7 @@ class Growth:
 
 def append_and_score(backend: Hooks, state: Any, causal: Sequence[int], batch: TreeBatch) -> np.ndarray:
     """The body of ``score_tree`` shared by backends with a packed scorer and a rows fallback (see
-    :meth:`~pcd_engine.backends.contract.Backend._append_and_score`)."""
+    :meth:`~pcd_engine.backends.capabilities.GrownRows._append_and_score`)."""
     causal = [int(t) for t in causal]
     if not causal and -1 in batch.query_rows:
         raise PromptAlignmentError(
@@ -212,7 +219,7 @@ def batched_pass(
     backend: Hooks, states: list[Any], causal: list[list[int]], batches: list[TreeBatch]
 ) -> list[np.ndarray]:
     """One packed pass for several requests, one batch row each (the body of
-    :meth:`~pcd_engine.backends.contract.Backend._batched_pass`, which documents the layout)."""
+    :meth:`~pcd_engine.backends.capabilities.BatchedDocuments._batched_pass`, which documents the layout)."""
     pasts = [s.length for s in states]
     widest, c_max = max(pasts), max(len(c) for c in causal)
     t = c_max + max(len(b.tokens) for b in batches)
@@ -276,7 +283,7 @@ def packed_generate(backend: Hooks, state: Any, growth: Growth, before_pass: Cal
 
 
 def generate_each(
-    backend: Hooks,
+    backend: Rows,
     states: Sequence[Any],
     causals: Sequence[Sequence[int]],
     prefixes: Sequence[Sequence[Sequence[int]]],
@@ -304,7 +311,7 @@ def grow_many(
     backend: Hooks, states: list[Any], growths: list[Growth], before_passes: list[Callable[[], None]]
 ) -> list[tuple[int, Exception | None]]:
     """Several requests' rows grown together, one batch row per request (the body of
-    :meth:`~pcd_engine.backends.contract.Backend._grow_many`, which documents the layout)."""
+    :meth:`~pcd_engine.backends.capabilities.BatchedDocuments._grow_many`, which documents the layout)."""
     pasts = [s.length for s in states]
     widest = max(pasts)
     first = max(len(g.causal) + len(g.trie.tokens) for g in growths)
@@ -362,7 +369,7 @@ def rows_generate(
     choose: Chooser,
     before_pass: Callable[[], None],
 ) -> None:
-    """Row broadcast (the body of :meth:`~pcd_engine.backends.contract.Backend._rows_generate`)."""
+    """Row broadcast (the body of :meth:`~pcd_engine.backends.capabilities.RowBroadcast._rows_generate`)."""
     start = backend.forward_passes
     cache = backend._rows_start(state, causal, len(prefixes))  # may run a pass of its own (the causal tokens)
     queues = [list(p) for p in prefixes]

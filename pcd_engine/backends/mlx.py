@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
+from pcd_engine.backends.capabilities import BatchedDocuments, FeatureTaps, PlainReference, RowBroadcast
+from pcd_engine.backends.contract import Prefix, RequestState, serialized
 from pcd_engine.backends.growth import estimate_pass_bytes
 from pcd_engine.backends.mlx_load import load_checked, load_mlx_model
 from pcd_engine.backends.mlx_tree import (
@@ -80,7 +81,7 @@ class MLXState(RequestState):
     length: int
 
 
-class MLXBackend(Backend):
+class MLXBackend(BatchedDocuments, RowBroadcast, FeatureTaps, PlainReference):
     """Scores packed token trees with an mlx-lm model.
 
     Args:
@@ -205,11 +206,6 @@ class MLXBackend(Backend):
         return self._append_and_score(state, causal, batch)
 
     @property
-    def batches_documents(self) -> bool:
-        """The packed scorer batches requests (one batch row each); the rows fallback scores one at a time."""
-        return self.scorer == "packed"
-
-    @property
     def default_batch_size(self) -> int:
         """1 on CPU, where batched passes gained nothing reliable over one document per pass
         (``benchmarks/bench_batch.py --backend mlx``: 0.91-1.09x at 4, 0.93-0.96x at 16-32); 32 with Metal,
@@ -243,7 +239,7 @@ class MLXBackend(Backend):
 
     @serialized
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
-        """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
+        """One plain causal pass over ``ids`` with no cache (see :meth:`PlainReference.sequence_logprobs`)."""
         mx = import_mlx()
         logits = self._forward(mx.array([list(ids)]), None, keep=None)[0, :-1]
         logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -251,7 +247,7 @@ class MLXBackend(Backend):
         return np.array(picked, dtype=np.float64)
 
     def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
-        """See :meth:`Backend.plain_pass` (the head runs once through mlx-lm's own caches, which each run copies)."""
+        """See :meth:`PlainReference.plain_pass` (the preamble runs once through mlx-lm's caches, copied per run)."""
         mx = import_mlx()
         if not isinstance(prefix, MLXPrefix):
             raise TypeError(f"plain_pass: expected an MLXPrefix, but got {type(prefix).__name__}.")
@@ -265,7 +261,7 @@ class MLXBackend(Backend):
 
     @property
     def weights_dtype(self) -> str:
-        """See :attr:`Backend.weights_dtype`."""
+        """See :attr:`PlainReference.weights_dtype`."""
         from mlx.utils import tree_flatten
 
         flat: Any = tree_flatten(self.model.parameters())
@@ -307,7 +303,7 @@ class MLXBackend(Backend):
 
     @contextmanager
     def _tapping(self, layer: int | None, *, keep: np.ndarray | None = None) -> Iterator[Seen | None]:
-        """See :meth:`Backend._tapping` (:func:`~pcd_engine.backends.mlx_tree.hidden_taps`)."""
+        """See :meth:`FeatureTaps._tapping` (:func:`~pcd_engine.backends.mlx_tree.hidden_taps`)."""
         if layer is None:
             yield None
             return
@@ -358,7 +354,7 @@ class MLXBackend(Backend):
         kpos: np.ndarray,
         read: list[int],
     ) -> np.ndarray:
-        """One packed pass that keeps its tokens in ``cache`` (see :meth:`Backend._grow_pass`)."""
+        """One packed pass that keeps its tokens in ``cache`` (see :meth:`PackedTrees._grow_pass`)."""
         mx = import_mlx()
         keep = sorted(set(read))
         self._shared.begin(visible, qpos, kpos, causal_only=False)
@@ -373,7 +369,7 @@ class MLXBackend(Backend):
         return np.array(out, dtype=np.float32)
 
     def _buffered_cache(self, states: list[Any], widest: int, room: int) -> list[TreeLayer]:
-        """See :meth:`Backend._buffered_cache`: each layer one tree layer over the states' caches, left-padded
+        """See :meth:`BatchedDocuments._buffered_cache`: each layer one tree layer over the states' caches, left-padded
         with zeros to ``widest`` slots and stacked over the batch (the pass appends by concatenation, so
         ``room`` needs no preallocation)."""
         if not all(isinstance(s, MLXState) for s in states):
@@ -381,7 +377,7 @@ class MLXBackend(Backend):
         return stacked_layers(self._shared, self._windows, [s.cache for s in states], widest)
 
     def _buffered_room(self, cache: Any, more: int) -> int:
-        """See :meth:`Backend._buffered_room` (tree layers grow by concatenation)."""
+        """See :meth:`BatchedDocuments._buffered_room` (tree layers grow by concatenation)."""
         return int(cache[0].length)
 
     def _buffered_pass(
@@ -395,7 +391,7 @@ class MLXBackend(Backend):
         *,
         picks: Sequence[tuple[int, int]] | None = None,
     ) -> np.ndarray:
-        """See :meth:`Backend._buffered_pass` (per-token positions go through ``TreeRoPE`` as ``[rows, new]``)."""
+        """See :meth:`BatchedDocuments._buffered_pass` (positions reach ``TreeRoPE`` as ``[rows, new]``)."""
         mx = import_mlx()
         self._shared.begin(visible, qpos, kpos, causal_only=False)
         try:
@@ -413,7 +409,7 @@ class MLXBackend(Backend):
         return picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks], arrays)
 
     def _buffered_adopt(self, state: Any, cache: Any, row: int, lo: int, hi: int) -> None:
-        """See :meth:`Backend._buffered_adopt`: the state's layers become slices of the stacked arrays."""
+        """See :meth:`BatchedDocuments._buffered_adopt`: the state's layers become slices of the stacked arrays."""
         for layer, filled in zip(state.cache, cache, strict=True):
             layer.keys = filled.keys[row : row + 1, :, lo:hi]
             layer.values = filled.values[row : row + 1, :, lo:hi]
@@ -488,7 +484,7 @@ class MLXBackend(Backend):
 
     @serialized
     def _rows_step(self, cache: list[Any], tokens: list[int]) -> np.ndarray:
-        """One token per batch row on the repeated caches (see :meth:`Backend._rows_step`)."""
+        """One token per batch row on the repeated caches (see :meth:`RowBroadcast._rows_step`)."""
         mx = import_mlx()
         logits = self._forward(mx.array(np.asarray(tokens, dtype=np.int32)[:, None]), cache, keep=None)[:, -1]
         out = logits - mx.logsumexp(logits, axis=-1, keepdims=True)

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends.contract import Backend, Prefix, RequestState, serialized
+from pcd_engine.backends.capabilities import BatchedDocuments, FeatureTaps, PlainReference, RowBroadcast
+from pcd_engine.backends.contract import Prefix, RequestState, serialized
 from pcd_engine.backends.growth import estimate_pass_bytes
 from pcd_engine.backends.taps import FeatureTap, Seen, record_chains, record_extension, record_pass
 from pcd_engine.backends.torch_load import load_model
@@ -61,7 +62,7 @@ class TorchState(RequestState):
     length: int
 
 
-class TorchBackend(Backend):
+class TorchBackend(BatchedDocuments, RowBroadcast, FeatureTaps, PlainReference):
     """Scores packed token trees with a transformers causal LM.
 
     Args:
@@ -163,11 +164,6 @@ class TorchBackend(Backend):
         return self._append_and_score(state, causal, batch)
 
     @property
-    def batches_documents(self) -> bool:
-        """The packed scorer batches requests (one batch row each); the rows fallback scores one at a time."""
-        return self.scorer == "packed"
-
-    @property
     def default_batch_size(self) -> int:
         """4 on CPU, where a pass costs about its tokens and batching mostly saves per-pass overhead (measured in
         ``benchmarks/bench_batch.py``); 32 on an accelerator, where a pass of one document is mostly fixed cost."""
@@ -194,7 +190,7 @@ class TorchBackend(Backend):
 
     @serialized
     def sequence_logprobs(self, ids: Sequence[int]) -> np.ndarray:
-        """One plain causal pass over ``ids`` with no cache (see :meth:`Backend.sequence_logprobs`)."""
+        """One plain causal pass over ``ids`` with no cache (see :meth:`PlainReference.sequence_logprobs`)."""
         torch = import_torch()
         with self._grad():
             logits = self.model(input_ids=torch.tensor([list(ids)], device=self._device), use_cache=False).logits
@@ -204,7 +200,7 @@ class TorchBackend(Backend):
         return logp.gather(1, targets[:, None])[:, 0].cpu().numpy()
 
     def plain_pass(self, prefix: Prefix, tokens: Sequence[int], *, rows: int) -> Callable[[], None]:
-        """See :meth:`Backend.plain_pass`."""
+        """See :meth:`PlainReference.plain_pass`."""
         torch = import_torch()
         inputs = torch.tensor([list(tokens)], device=self._device)
 
@@ -218,7 +214,7 @@ class TorchBackend(Backend):
 
     @property
     def weights_dtype(self) -> str:
-        """See :attr:`Backend.weights_dtype`."""
+        """See :attr:`PlainReference.weights_dtype`."""
         dtypes = {str(p.dtype).removeprefix("torch.") for p in self.model.parameters()}
         return dtypes.pop() if len(dtypes) == 1 else "mixed"
 
@@ -251,7 +247,7 @@ class TorchBackend(Backend):
 
     @contextmanager
     def _tapping(self, layer: int | None, *, keep: np.ndarray | None = None) -> Iterator[Seen | None]:
-        """See :meth:`Backend._tapping` (forward hooks: :func:`~pcd_engine.backends.torch_tree.hidden_taps`)."""
+        """See :meth:`FeatureTaps._tapping` (forward hooks: :func:`~pcd_engine.backends.torch_tree.hidden_taps`)."""
         if layer is None:
             yield None
             return
@@ -298,7 +294,7 @@ class TorchBackend(Backend):
         return picked_logprobs(out.logits[0].float(), rows, batch.query_tokens)
 
     def _buffered_cache(self, states: list[Any], widest: int, room: int) -> Any:
-        """See :meth:`Backend._buffered_cache`: one preallocated buffer per layer
+        """See :meth:`BatchedDocuments._buffered_cache`: one preallocated buffer per layer
         (:func:`~pcd_engine.backends.torch_tree.filled_layer_class`), which the pass writes into in place, so each
         cache is copied once."""
         from transformers import DynamicCache
@@ -314,7 +310,7 @@ class TorchBackend(Backend):
         return cache
 
     def _buffered_room(self, cache: Any, more: int) -> int:
-        """See :meth:`Backend._buffered_room` (the buffers grow with room to spare)."""
+        """See :meth:`BatchedDocuments._buffered_room` (the buffers grow with room to spare)."""
         for layer in cache.layers:
             layer.reserve(more)
         return int(cache.layers[0].filled)
@@ -330,7 +326,7 @@ class TorchBackend(Backend):
         *,
         picks: Sequence[tuple[int, int]] | None = None,
     ) -> np.ndarray:
-        """See :meth:`Backend._buffered_pass` (``logits_to_keep`` takes the ``[rows, new]`` mask of rows kept)."""
+        """See :meth:`BatchedDocuments._buffered_pass` (``logits_to_keep`` takes the rows-kept mask)."""
         torch = import_torch()
         with self._grad(), self.model_lock:
             out = self.model(
@@ -353,7 +349,7 @@ class TorchBackend(Backend):
         return picked_logprobs(logits, [row for row, _ in picks], [token for _, token in picks])
 
     def _buffered_adopt(self, state: Any, cache: Any, row: int, lo: int, hi: int) -> None:
-        """See :meth:`Backend._buffered_adopt`: the state's layers become views of the buffer."""
+        """See :meth:`BatchedDocuments._buffered_adopt`: the state's layers become views of the buffer."""
         for layer, filled in zip(state.cache.layers, cache.layers, strict=True):
             layer.keys, layer.values = filled.keys[row : row + 1, :, lo:hi], filled.values[row : row + 1, :, lo:hi]
 
@@ -361,7 +357,7 @@ class TorchBackend(Backend):
     def _grow_pass(
         self, cache: Any, tokens: list[int], visible: np.ndarray, qpos: np.ndarray, kpos: np.ndarray, read: list[int]
     ) -> np.ndarray:
-        """One packed pass that keeps its tokens in ``cache`` (see :meth:`Backend._grow_pass`)."""
+        """One packed pass that keeps its tokens in ``cache`` (see :meth:`PackedTrees._grow_pass`)."""
         torch = import_torch()
         keep = len(tokens) - min(read)
         with self._grad():
@@ -470,7 +466,7 @@ class TorchBackend(Backend):
 
     @serialized
     def _rows_step(self, cache: Any, tokens: list[int]) -> np.ndarray:
-        """One token per batch row on the repeated cache (see :meth:`Backend._rows_step`)."""
+        """One token per batch row on the repeated cache (see :meth:`RowBroadcast._rows_step`)."""
         torch = import_torch()
         with self._grad():
             out = self.model(

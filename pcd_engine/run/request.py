@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pcd_engine.backends.capabilities import feature_taps
 from pcd_engine.backends.contract import RequestState
 from pcd_engine.backends.taps import FeatureTap, middle_layer
 from pcd_engine.calibrate.calibrator import FieldPrior
@@ -186,6 +187,13 @@ class Request(Feeding):
             PromptAlignmentError: If the document changed the tokenization of the prompt's tail.
             RequestCancelled: If cancelled, or out of time, before the preamble prefill.
         """
+        backend = engine.backend
+        if call.decider.reads_features or features:
+            backend.require("feature taps", "to read the hidden states a decision head reads")
+        if any(not f.scored for f in schema.fields):
+            backend.require(
+                "open rows", f"to generate the open fields {[f.name for f in schema.fields if not f.scored]}"
+            )
         admitted = admit(engine, schema, call, document, cancelled=cancelled)
         prefix, prefill_passes, prefill_ms = admitted.prefilled(engine, schema, call)
         prompt, ids = admitted.prompt, admitted.ids
@@ -207,7 +215,8 @@ class Request(Feeding):
         )
         if call.decider.reads_features or features:  # what heads read, kept from the passes it runs anyway
             span = (len(prompt.chat.preamble_ids), len(ids) - len(prompt.tail0_ids))
-            request.state.tap = FeatureTap(middle_layer(engine.backend.hidden_layers), span)
+            layers = feature_taps(backend, "to read hidden states").hidden_layers
+            request.state.tap = FeatureTap(middle_layer(layers), span)
         request.lean = lean() if lean is not None else Lean()
         request.correction_passes = request.lean.passes
         request.phases.update(tokenize=admitted.tokenize_ms, prefill=prefill_ms, correction=request.lean.ms)

@@ -4,7 +4,7 @@ Each check returns a :class:`Check`; none raises for a failed comparison, so the
 non-zero when any failed:
 
 * ``packed = one at a time``: every label path of a field set with shared prefixes and integer labels, scored
-  tree-packed in one pass, equals the backend's plain reference (:meth:`Backend.sequence_logprobs`: one causal
+  tree-packed in one pass, equals the backend's plain reference (:meth:`PlainReference.sequence_logprobs`: one causal
   pass over prompt + path, no cache, no tree mask, default positions);
 * ``cached preamble untouched``: scoring the same wave twice from one cached preamble gives the same log-probs, and the
   request state holds only its causal tokens afterwards;
@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pcd_engine.backends.capabilities import plain_reference
 from pcd_engine.decide.compiler import compile_wave, questions
 from pcd_engine.decide.planner import plan_passes
 from pcd_engine.errors import OptionError, PCDError, PromptAlignmentError
@@ -82,7 +83,7 @@ class Check:
 def default_tolerance(backend: Backend) -> float:
     """The allowed log-prob difference when none is given: 2e-3 for fp32 weights, 0.15 for half precision and
     quantized weights (their reference pass rounds differently from a cached, packed one)."""
-    return 2e-3 if backend.weights_dtype == "float32" else 0.15
+    return 2e-3 if plain_reference(backend, "to check against").weights_dtype == "float32" else 0.15
 
 
 def _probe(engine: Engine) -> dict[str, Any]:
@@ -115,7 +116,9 @@ def _packed_vs_reference(engine: Engine, probe: dict[str, Any]) -> tuple[bool, s
     for trie in wave.fields:
         for path in trie.paths:
             tokens = [wave.tree.tokens[n] for n in path.nodes]
-            reference = engine.backend.sequence_logprobs(list(context) + tokens)[-len(tokens) :]
+            reference = plain_reference(engine.backend, "to check against").sequence_logprobs(list(context) + tokens)[
+                -len(tokens) :
+            ]
             worst = max(worst, float(np.abs(logprobs[list(path.nodes)] - reference).max()))
             paths += 1
     tol = probe["tol"]
@@ -327,7 +330,7 @@ def check_backend(
     return BackendReport(
         backend=backend.name,
         scorer=str(getattr(backend, "scorer", "packed")),
-        weights_dtype=backend.weights_dtype,
+        weights_dtype=plain_reference(backend, "to check against").weights_dtype,
         tolerance=tolerance,
         checks=tuple(checks),
     )

@@ -14,18 +14,19 @@ import numpy as np
 import pytest
 
 from pcd_engine import Engine
-from pcd_engine.backends.contract import Backend
+from pcd_engine.backends.capabilities import PackedTrees
 from pcd_engine.errors import OptionError
 from pcd_engine.generate.drafting import PromptLookup
 from pcd_engine.options import ExtractOptions
 from tests.support import OracleBackend, OracleLM, both_backends, tiny_backend
 
 
-class GrowingOracle(OracleBackend):
-    """The oracle through the packed row generator (:class:`~pcd_engine.backends.contract.Growth`): the cache is the
+class GrowingOracle(PackedTrees, OracleBackend):
+    """The oracle through the packed row generator (:class:`~pcd_engine.backends.growth.Growth`): the cache is the
     list of keys in feeding order, and each read row's context is the keys its mask row shows."""
 
-    generate_rows = Backend.generate_rows
+    def _packed_pass(self, cache, past, causal, batch, *, tap=None):
+        raise AssertionError("the oracle scores trees itself")
 
     def _packed_generate(self, state, growth, before_pass):
         state.cache = list(state.ids)

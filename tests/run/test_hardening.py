@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 
 from benchmarks.common import peak_rss
 from pcd_engine import Engine, compile_schema
-from pcd_engine.backends.contract import Backend
+from pcd_engine.backends.capabilities import PackedTrees
 from pcd_engine.backends.growth import estimate_pass_bytes
 from pcd_engine.decide.planner import TreeBatch, plan_passes
 from pcd_engine.errors import (
@@ -232,7 +232,7 @@ def test_row_visibility_of_new_nodes_equals_the_whole_matrix():
         np.testing.assert_array_equal(rk, kpos)
 
 
-class _RowRecorder(Backend):
+class _RowRecorder(PackedTrees):
     """Runs the shared packed row generator with a stub pass that records the mask sizes it is given."""
 
     name, scorer, tokenizer = "stub", "packed", None
@@ -259,6 +259,9 @@ class _RowRecorder(Backend):
 
     def _fork(self, cache):
         return cache
+
+    def _packed_pass(self, cache, past, causal, batch, *, tap=None):
+        raise NotImplementedError
 
     def _grow_pass(self, cache, tokens, visible, qpos, kpos, read):
         self.forward_passes += 1
