@@ -207,7 +207,7 @@ class BatchedDocuments(PackedTrees):
         :attr:`batches_documents`."""
         drafters = list(drafts) if drafts is not None else [None] * len(states)
         if not self.batches_documents or len(states) < 2:
-            return generate_each(cast(Hooks, self), states, causals, prefixes, chooses, before_passes, drafters)
+            return generate_each(self, states, causals, prefixes, chooses, before_passes, drafters)
         for rows in prefixes:
             if any(len(p) == 0 for p in rows):
                 raise PromptAlignmentError("generate_rows_many: expected every row to start with at least one token.")

@@ -318,10 +318,7 @@ class Backend(ABC):
         """The optional capabilities this backend declares (:mod:`pcd_engine.backends.capabilities`): ``"open
         rows"``, ``"packed trees"``, ``"row broadcast"``, ``"batched documents"``, ``"feature taps"``, ``"plain
         reference"``; empty for a backend that implements the contract only."""
-        found = {c.__dict__["capability"] for c in type(self).__mro__ if "capability" in c.__dict__}
-        if type(self).generate_rows is not Backend.generate_rows:
-            found.add("open rows")
-        return frozenset(found)
+        return _declared_by(type(self))
 
     def require(self, capability: str, needed: str) -> None:
         """Check that this backend declares ``capability`` (``needed`` says what for).
@@ -344,3 +341,13 @@ class Backend(ABC):
     def pass_bytes(self, *, past: int, new: int, rows: int) -> int:
         """Estimated peak extra memory, in bytes, of one pass of ``new`` tokens after ``past`` cached ones,
         reading ``rows`` output distributions."""
+
+
+@functools.cache
+def _declared_by(cls: type[Backend]) -> frozenset[str]:
+    """The capabilities a backend class declares (:attr:`Backend.capabilities`), worked out once per class: the
+    capability classes it inherits, and open rows where it gives its own ``generate_rows``."""
+    found = {c.__dict__["capability"] for c in cls.__mro__ if "capability" in c.__dict__}
+    if cls.generate_rows is not Backend.generate_rows:
+        found.add("open rows")
+    return frozenset(found)

@@ -190,10 +190,9 @@ class Request(Feeding):
         backend = engine.backend
         if call.decider.reads_features or features:
             backend.require("feature taps", "to read the hidden states a decision head reads")
-        if any(not f.scored for f in schema.fields):
-            backend.require(
-                "open rows", f"to generate the open fields {[f.name for f in schema.fields if not f.scored]}"
-            )
+        open_fields = [f.name for f in schema.fields if not f.scored]
+        if open_fields:
+            backend.require("open rows", f"to generate the open fields {open_fields}")
         admitted = admit(engine, schema, call, document, cancelled=cancelled)
         prefix, prefill_passes, prefill_ms = admitted.prefilled(engine, schema, call)
         prompt, ids = admitted.prompt, admitted.ids
