@@ -430,7 +430,7 @@ def extract_options(server: Server, pcd: Any, temperature: Any, reply_tokens: in
     options = server.client_options(pcd, where="pcd")
     check_temperature(temperature)
     layered = surface_options(temperature=temperature).over(options)
-    per_value = layered.max_tokens or server.engine.options.max_tokens
+    per_value = server.engine.resolve(layered).value_tokens
     return surface_options(max_tokens=min(per_value, reply_tokens)).over(layered)
 
 
