@@ -8,9 +8,11 @@ the same way:
   :class:`~pcd_engine.BackendUnavailableError` naming the extra to install) and :func:`pip_install`;
 * argument checks: :func:`check_count` (a non-negative integer setting) and :func:`check_text` (a document with
   text in it);
-* how a conversation reads as the document a structured decision is made on: :func:`document_text` (turns
-  joined), :func:`called_text` (an assistant's tool calls) and :func:`tool_result_text` (a tool's result);
-  :func:`choice_of` reads a framework's ``tool_choice``;
+* a conversation, read in the same words on every surface (:mod:`pcd_engine.prompt.transcript`): a framework's
+  messages become :class:`Turn` s (an assistant's tool calls as :class:`PastCall` s) in a :class:`Conversation`,
+  whose ``document`` a decision is made on and whose ``chat()`` a chat template renders
+  (:func:`openai_conversation` reads OpenAI-style messages into one); :func:`choice_of` reads a framework's
+  ``tool_choice``;
 * the ``pcd tag`` job's parts, for a distributed runner: :class:`CorpusDocument`, :class:`Runner`,
   :func:`tag_outcomes`, :func:`tag_columns` and :func:`tag_table` (imported on first use from
   :mod:`pcd_engine.tagging`, to keep importing the engine light).
@@ -21,9 +23,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine.errors import check_count, pip_install, require
-from pcd_engine.generate.free_text import document_text
+from pcd_engine.prompt.transcript import Conversation, PastCall, Turn, openai_conversation
 from pcd_engine.run.admission import check_text
-from pcd_engine.tool_calls import called_text, choice_of, tool_result_text
+from pcd_engine.tool_calls import choice_of
 
 if TYPE_CHECKING:  # imported on first use (see __getattr__), to keep importing the engine light
     from pcd_engine.tagging.corpus import CorpusDocument
@@ -31,19 +33,20 @@ if TYPE_CHECKING:  # imported on first use (see __getattr__), to keep importing 
     from pcd_engine.tagging.table import tag_columns, tag_table
 
 __all__ = [
+    "Conversation",
     "CorpusDocument",
+    "PastCall",
     "Runner",
-    "called_text",
+    "Turn",
     "check_count",
     "check_text",
     "choice_of",
-    "document_text",
+    "openai_conversation",
     "pip_install",
     "require",
     "tag_columns",
     "tag_outcomes",
     "tag_table",
-    "tool_result_text",
 ]
 
 _TAGGING = {

@@ -32,12 +32,10 @@ __all__ = [
     "ToolDecision",
     "call_id",
     "as_read",
-    "called_text",
     "choice_of",
     "choice_schema",
     "decide_tools",
     "leans_to_calling",
-    "tool_result_text",
 ]
 
 ANSWER = "answer"
@@ -123,17 +121,6 @@ class ToolDecision:
         if self.passed_over:
             out["passed_over"] = list(self.passed_over)
         return out
-
-
-def called_text(calls: Sequence[tuple[str, Mapping[str, Any]]]) -> str:
-    """How an assistant turn's tool calls read in the conversation a decision is made on:
-    ``Called name({"arg": ...})``, one per call, joined by ``"; "``."""
-    return "; ".join(f"Called {name}({json.dumps(dict(a), ensure_ascii=False, default=str)})" for name, a in calls)
-
-
-def tool_result_text(name: str, content: str) -> str:
-    """How a tool's result reads in the conversation a decision is made on: ``Tool result (name): content``."""
-    return f"Tool result ({name}): {content}"
 
 
 def choice_of(tool_choice: object, names: Sequence[str]) -> str:

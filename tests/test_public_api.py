@@ -102,19 +102,20 @@ def test_backends_all():
 
 
 EXPECTED_ADAPTERS = [
+    "Conversation",
     "CorpusDocument",
+    "PastCall",
     "Runner",
-    "called_text",
+    "Turn",
     "check_count",
     "check_text",
     "choice_of",
-    "document_text",
+    "openai_conversation",
     "pip_install",
     "require",
     "tag_columns",
     "tag_outcomes",
     "tag_table",
-    "tool_result_text",
 ]
 """``pcd_engine.adapters``: what framework adapters use beyond ``pcd_engine``'s names (the README documents it)."""
 

@@ -17,6 +17,7 @@ from pcd_engine.errors import ContextError, OptionError, RequestTimeout
 from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.limits import DEFAULT_TIME_LIMIT_S
 from pcd_engine.prompt.chat_prompt import TokenizerView, render_chat
+from pcd_engine.prompt.transcript import ChatMessage
 
 __all__ = [
     "ChatMessage",
@@ -24,7 +25,6 @@ __all__ = [
     "JsonReply",
     "TextChunk",
     "chat_prompt_ids",
-    "document_text",
     "json_chat",
     "stream_chat",
     "stream_text",
@@ -45,19 +45,6 @@ class ChatModel(Protocol):
 
     @property
     def grammars(self) -> Grammars: ...
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    """One turn of a conversation.
-
-    Attributes:
-        role: ``"system"``, ``"user"`` or ``"assistant"``.
-        content: The turn's text.
-    """
-
-    role: str
-    content: str
 
 
 @dataclass(frozen=True)
@@ -97,12 +84,6 @@ class JsonReply:
     prompt_tokens: int
     completion_tokens: int
     valid: bool
-
-
-def document_text(contents: Sequence[str]) -> str:
-    """The document a structured request decides on: every message's text, stripped, blank ones dropped, joined
-    by blank lines (system and user turns alike, so instructions given as a system turn reach the model too)."""
-    return "\n\n".join(t for t in (c.strip() for c in contents) if t)
 
 
 def chat_prompt_ids(tokenizer: Any, messages: Sequence[ChatMessage]) -> list[int]:

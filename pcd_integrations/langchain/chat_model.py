@@ -22,7 +22,6 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from pcd_engine import (
     DEFAULT_MODEL,
-    ChatMessage,
     ContextError,
     Engine,
     ExtractionResult,
@@ -38,14 +37,11 @@ from pcd_engine.adapters import check_count, check_text, choice_of
 from pcd_integrations._shared import own_error, read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.langchain.messages import (
     METHODS,
-    ROLES,
     SharedBatch,
     Target,
     Tools,
-    answered_calls,
-    conversation_text,
+    conversation,
     last_chunk,
-    message_text,
 )
 
 __all__ = ["ChatPCD"]
@@ -262,7 +258,7 @@ class ChatPCD(BaseChatModel):
             yield last_chunk(answer)
             return
         refuse_sampling("ChatPCD", kwargs.get("temperature", self.temperature))  # a call's own is refused too
-        turns = [ChatMessage(ROLES.get(m.type, "user"), message_text(m)) for m in messages]
+        turns = conversation(messages).chat()
         limit = int(kwargs.get("max_tokens", self.max_tokens))
         engine = self.get_engine()
         seconds = reply_time_limit(engine, kwargs.get("timeout", self.timeout))
@@ -287,9 +283,10 @@ class ChatPCD(BaseChatModel):
     def _tool_reply(self, messages: Sequence[BaseMessage], tools: Tools) -> ChatResult | None:
         """The model's tool calls, decided by the engine; ``None`` when it decides to answer instead."""
         options = self._call_options()
+        talk = conversation(messages)
         decision = decide_tools(
-            self.get_engine(), conversation_text(messages), tools.tools, choice=tools.choice, parallel=tools.parallel,
-            options=options, done=answered_calls(messages),
+            self.get_engine(), talk.document, tools.tools, choice=tools.choice, parallel=tools.parallel,
+            options=options, done=talk.answered_calls(),
         )  # fmt: skip
         if decision.answer:
             return None
@@ -309,7 +306,7 @@ class ChatPCD(BaseChatModel):
         wave for a whole batch); a conversation the engine cannot read (no text, too long) gets its own error and
         never fails the others."""
         engine = self.get_engine()
-        documents = [conversation_text(c) for c in conversations]
+        documents = [conversation(c).document for c in conversations]
         options = self._call_options(("with_structured_output", target.options))
         errors: dict[int, Exception] = {}
         for i, document in enumerate(documents):

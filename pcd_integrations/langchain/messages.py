@@ -1,4 +1,5 @@
-"""LangChain's messages and schemas as pcd reads them: a conversation's text (tool calls and results labelled),
+"""LangChain's messages and schemas as pcd reads them: a conversation (LangChain's own OpenAI form of it, read as
+every surface reads one),
 what ``with_structured_output`` and ``bind_tools`` were given (:class:`Target`, :class:`Tools`), a structured batch
 decided in one engine call (:class:`SharedBatch`), and a reply decided whole as a stream's last chunk.
 """
@@ -10,31 +11,29 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.messages import AIMessageChunk, BaseMessage, convert_to_openai_messages
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_core.utils.pydantic import is_basemodel_subclass
 
 from pcd_engine import ExtractOptions, SchemaError, Tool
-from pcd_engine.adapters import called_text, document_text, tool_result_text
+from pcd_engine.adapters import Conversation, openai_conversation
 
 __all__ = [
     "METHODS",
-    "answered_calls",
-    "ROLES",
     "SharedBatch",
     "Target",
     "Tools",
-    "conversation_text",
+    "conversation",
     "is_typeddict",
     "last_chunk",
     "message_text",
-    "turn_text",
     "turns_key",
 ]
 
 METHODS = ("json_schema", "function_calling", "json_mode")
-ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "user", "function": "user", "chat": "user"}
+TURN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+"""The roles of LangChain's OpenAI form that pcd reads as such; any other (a ``ChatMessage``'s own) is a user's."""
 
 
 def message_text(message: BaseMessage) -> str:
@@ -44,26 +43,17 @@ def message_text(message: BaseMessage) -> str:
     return "".join(p if isinstance(p, str) else str(p.get("text", "")) for p in content if isinstance(p, (str, dict)))
 
 
-def answered_calls(messages: Sequence[BaseMessage]) -> list[tuple[str, dict[str, Any]]]:
-    """The tool calls of the conversation that a tool message answers, as ``(name, arguments)``: the calls the
-    next decision does not repeat."""
-    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
-    calls = [c for m in messages for c in getattr(m, "tool_calls", None) or []]
-    return [(c["name"], dict(c["args"])) for c in calls if c.get("id") in answered]
+def conversation(messages: Sequence[BaseMessage]) -> Conversation:
+    """The conversation pcd reads: LangChain's messages in their OpenAI form (``convert_to_openai_messages``),
+    read as every surface reads one (:func:`pcd_engine.adapters.openai_conversation`); a role of a
+    ``ChatMessage``'s own is a user's.
 
-
-def turn_text(message: BaseMessage) -> str:
-    """A turn as the decision reads it: tool calls and tool results are labelled, so the model sees what was
-    called and what came back."""
-    if isinstance(message, ToolMessage):
-        return tool_result_text(message.name or message.tool_call_id, message_text(message))
-    made = called_text([(c["name"], c["args"]) for c in getattr(message, "tool_calls", None) or []])
-    return "\n".join(t for t in (message_text(message), made) if t)
-
-
-def conversation_text(messages: Sequence[BaseMessage]) -> str:
-    """The text pcd classifies: every turn's text, in order (instructions in system turns included)."""
-    return document_text([turn_text(m) for m in messages])
+    Raises:
+        ContextError: If a message holds media: pcd reads text.
+    """
+    converted = convert_to_openai_messages(list(messages))
+    turns = [m if m.get("role") in TURN_ROLES else {**m, "role": "user"} for m in converted]
+    return openai_conversation(turns, where="messages")
 
 
 def is_typeddict(schema: Any) -> bool:

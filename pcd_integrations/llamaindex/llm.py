@@ -39,14 +39,22 @@ from pcd_engine import (
     stream_chat,
     surface_options,
 )
-from pcd_engine.adapters import called_text, check_count, choice_of, document_text, tool_result_text
+from pcd_engine.adapters import Conversation, PastCall, Turn, check_count, choice_of
 from pcd_integrations._shared import read_settings, refuse_sampling, reply_time_limit, shared_engine
 from pcd_integrations.llamaindex.program import PCDPydanticProgram
 
 __all__ = ["PCDLLM"]
 
-# LlamaIndex roles as pcd chat turns: tool results and function outputs are read as user turns.
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "chatbot": "assistant"}
+# LlamaIndex roles as pcd's turn roles: any other is a user's.
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "chatbot": "assistant",
+    "tool": "tool",
+    "function": "tool",
+}
 
 
 class _ToolRequest:
@@ -56,22 +64,26 @@ class _ToolRequest:
         self.tools, self.choice, self.parallel = tools, choice, parallel
 
 
-def _turn_texts(messages: Sequence[LIChatMessage]) -> list[tuple[LIChatMessage, str]]:
-    """Each message with its text as the model reads it: tool calls and tool results are labelled (a result by
-    the name of the call it answers), so the model sees what was called and what came back."""
-    names: dict[str, str] = {}
-    out = []
+def _conversation(messages: Sequence[LIChatMessage]) -> Conversation:
+    """The conversation pcd reads, as every surface reads one: an assistant's tool call blocks are its calls, a
+    tool message's result is named by the call it answers (``additional_kwargs``' ``tool_call_id``) or its own
+    ``name``."""
+    turns = []
     for m in messages:
-        calls = [b for b in m.blocks if isinstance(b, ToolCallBlock)]
-        names.update({c.tool_call_id: c.tool_name for c in calls if c.tool_call_id})
+        role = _ROLES.get(str(m.role.value), "user")
         text = m.content or ""
-        if str(m.role.value) in ("tool", "function"):
-            call_id = str(m.additional_kwargs.get("tool_call_id", ""))
-            name = names.get(call_id) or str(m.additional_kwargs.get("name") or call_id or "tool")
-            text = tool_result_text(name, text)
-        made = called_text([(c.tool_name, c.tool_kwargs if isinstance(c.tool_kwargs, dict) else {}) for c in calls])
-        out.append((m, "\n".join(t for t in (text, made) if t)))
-    return out
+        if role == "tool":
+            answers = m.additional_kwargs.get("tool_call_id")
+            name = m.additional_kwargs.get("name")
+            turns.append(Turn("tool", text, answers=answers and str(answers), tool=name and str(name)))
+            continue
+        calls = tuple(
+            PastCall(b.tool_name, _arguments(b.tool_kwargs), b.tool_call_id)
+            for b in m.blocks
+            if isinstance(b, ToolCallBlock)
+        )
+        turns.append(Turn(role, text, calls))
+    return Conversation(tuple(turns))
 
 
 def _arguments(kwargs: dict[str, Any] | str) -> dict[str, Any]:
@@ -80,14 +92,6 @@ def _arguments(kwargs: dict[str, Any] | str) -> dict[str, Any]:
         return kwargs
     parsed = json.loads(kwargs or "{}")
     return parsed if isinstance(parsed, dict) else {}
-
-
-def _answered_calls(messages: Sequence[LIChatMessage]) -> list[tuple[str, Any]]:
-    """The tool calls of the conversation that a tool message answers, as ``(name, arguments)``: the calls the
-    next decision does not repeat."""
-    answered = {m.additional_kwargs.get("tool_call_id") for m in messages if str(m.role.value) == "tool"}
-    blocks = [b for m in messages for b in m.blocks if isinstance(b, ToolCallBlock)]
-    return [(b.tool_name, _arguments(b.tool_kwargs)) for b in blocks if b.tool_call_id in answered]
 
 
 class PCDLLM(CustomLLM, FunctionCallingLLM):
@@ -220,7 +224,7 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
             if decided is not None:
                 return decided
             extra = {"pcd": evidence}  # the decision to answer, with its probabilities, rides on the answer
-        turns = [ChatMessage(_ROLES.get(str(m.role.value), "user"), text) for m, text in _turn_texts(messages)]
+        turns = _conversation(messages).chat()
 
         def gen() -> ChatResponseGen:
             for text, delta in self._free_text(turns, **kwargs):
@@ -297,10 +301,10 @@ class PCDLLM(CustomLLM, FunctionCallingLLM):
     ) -> tuple[ChatResponse | None, dict[str, Any]]:
         """The model's tool calls, decided by the engine (``None`` when it decides to answer instead), and the
         decision's evidence either way."""
-        document = document_text([text for _m, text in _turn_texts(messages)])
+        talk = _conversation(messages)
         decision = decide_tools(
-            self.get_engine(), document, tools.tools, choice=tools.choice, parallel=tools.parallel,
-            options=self.extract_options, done=_answered_calls(messages),
+            self.get_engine(), talk.document, tools.tools, choice=tools.choice, parallel=tools.parallel,
+            options=self.extract_options, done=talk.answered_calls(),
         )  # fmt: skip
         evidence = decision.evidence()
         if decision.answer:

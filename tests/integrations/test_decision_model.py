@@ -124,9 +124,9 @@ def test_json_state_with_nested_messages_reads_as_indented_json(model, tiny_engi
 
 def test_state_text():
     assert state_text("plain") == "plain"
-    assert state_text({"role": "user", "content": [{"type": "text", "text": "hi"}]}) == "User: hi"
+    assert state_text({"role": "user", "content": [{"type": "text", "text": "hi"}]}) == "hi"  # one user turn: its text
     assert state_text([{"a": 1}]) == '[\n  {\n    "a": 1\n  }\n]'
-    assert state_text({"role": "user", "content": [{"type": "input_json", "data": {"a": 1}}]}) == 'User: {"a": 1}'
+    assert state_text({"role": "user", "content": [{"type": "input_json", "data": {"a": 1}}]}) == '{"a": 1}'
     for bad in (None, 3, True):
         with pytest.raises(ContextError, match="expected state to be text, a JSON object or array"):
             state_text(bad)

@@ -94,7 +94,7 @@ def test_openai_classifier_with_conversation_and_json_state(base, tiny_engine):
 
     state = {"customer": "Ada", "ticket": TICKET}  # sent as an input_json part
     got = client.invoke({"state": state, "questions": questions})
-    want = _want(tiny_engine, f"User: {json.dumps(state)}")
+    want = _want(tiny_engine, json.dumps(state))  # one user turn reads as its text alone
     assert got.choices["team"].probabilities == pytest.approx(dict(want["team"].probabilities), abs=1e-6)
 
 
@@ -200,6 +200,6 @@ def test_agent_model_router_decides_through_pcd_serve(smol_tokenizer):
     assert set(route["probabilities"]) == {"quick", "careful"} and 0 <= route["confidence"] <= 1
     asked = Question.choice("Which model should handle this request?",
                             {"quick": "Simple lookups.", "careful": "Disputes and refunds."})  # fmt: skip
-    want = decide_questions(router_engine, ["User: Where is my order 5521?"], {"model_route": asked})
+    want = decide_questions(router_engine, ["Where is my order 5521?"], {"model_route": asked})
     assert route["choice"] == want[0].answers["model_route"].value
     assert looked_up == ["5521"] and isinstance(out["messages"][-1], AIMessage) and not out["messages"][-1].tool_calls

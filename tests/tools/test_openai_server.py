@@ -12,7 +12,6 @@ import pytest
 pytest.importorskip("fastapi", reason="pip install 'pcd-llm[serve]'")
 openai = pytest.importorskip("openai")
 
-from pcd_engine.generate.free_text import document_text  # noqa: E402
 from pcd_engine.models.resolve import default_model_path  # noqa: E402
 from pcd_engine.tool_calls import Tool, decide_tools  # noqa: E402
 from pcd_engine.tools.serve import create_app  # noqa: E402
@@ -132,12 +131,10 @@ def test_tool_results_in_the_history_reach_the_decision(live, monkeypatch):
         {"role": "tool", "tool_call_id": "call_1", "content": "Order 5521 shipped on Monday."},
     ]
     live.chat.completions.create(model=MODEL, messages=history, tools=TOOLS, tool_choice="required")
-    assert seen[-1] == document_text(
-        [
-            ASK,
-            'Called get_order_status({"order_id": "5521"})',
-            "Tool result (get_order_status): Order 5521 shipped on Monday.",
-        ]
+    assert seen[-1] == (
+        f"User: {ASK}\n\n"
+        'Assistant: Called get_order_status({"order_id": "5521"})\n\n'
+        "Tool result (get_order_status): Order 5521 shipped on Monday."
     )
 
 
@@ -224,7 +221,8 @@ def test_neutral_values_and_harmless_fields_are_accepted(live):
 
 def test_images_bad_tools_and_unknown_routes_are_refused(live):
     image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
-    with pytest.raises(openai.BadRequestError, match="expected a text part, but got 'image_url'"):
+    refused = r"messages\[0\].content\[1\]: expected text, but got media \(a 'image_url' block\)"
+    with pytest.raises(openai.BadRequestError, match=refused):
         live.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}, image]}], max_tokens=2
         )
@@ -286,22 +284,23 @@ def test_json_object_is_written_under_a_json_grammar(live, default_engine):
 
 
 def test_schema_in_prompt_finds_the_last_compilable_object_schema():
-    from pcd_engine.generate.free_text import ChatMessage
+    from pcd_engine.adapters import Conversation, Turn
     from pcd_engine.tools.serve.answers import schema_in_prompt
 
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     system = f'Be brief. Not this: {{"a": 1}} nor {{"properties": 3}}. Match:\n{json.dumps(schema, indent=2)}\nThanks.'
-    talk = [ChatMessage("system", system), ChatMessage("user", "Is it fine?")]
-    found = schema_in_prompt(talk)
+    ask = Turn("user", "Is it fine?")
+    found = schema_in_prompt(Conversation((Turn("system", system), ask)))
     assert found is not None
     got, rest = found
     assert got == schema
     kept = 'Be brief. Not this: {"a": 1} nor {"properties": 3}. Match:\n\nThanks.'
-    assert rest == [ChatMessage("system", kept), talk[1]]
-    only = [ChatMessage("system", json.dumps(schema)), talk[1]]
-    assert schema_in_prompt(only) == (schema, [talk[1]])  # a turn that was only the schema is dropped
-    assert schema_in_prompt([ChatMessage("user", json.dumps(schema))]) is None  # user turns are content, not format
-    assert schema_in_prompt([ChatMessage("system", '{"properties": {"x": {"$ref": "#/no"}}}')]) is None
+    assert rest == Conversation((Turn("system", kept), ask))
+    only = Conversation((Turn("system", json.dumps(schema)), ask))
+    assert schema_in_prompt(only) == (schema, Conversation((ask,)))  # a turn that was only the schema is dropped
+    user = Conversation((Turn("user", json.dumps(schema)),))
+    assert schema_in_prompt(user) is None  # user turns are content, not format
+    assert schema_in_prompt(Conversation((Turn("system", '{"properties": {"x": {"$ref": "#/no"}}}'),))) is None
 
 
 def test_json_object_with_a_schema_in_the_system_turn_is_scored(live, default_engine):
@@ -315,7 +314,7 @@ def test_json_object_with_a_schema_in_the_system_turn_is_scored(live, default_en
         model=MODEL, messages=messages, response_format={"type": "json_object"}
     )
     body = json.loads(raw.text)
-    expected = default_engine.extract(document_text(["Answer in JSON matching this schema:", text]), schema)
+    expected = default_engine.extract(f"Answer in JSON matching this schema:\n\n{text}", schema)
     assert json.loads(body["choices"][0]["message"]["content"]) == expected.values
     assert body["pcd"]["schema_source"] == "prompt"
 
@@ -408,7 +407,7 @@ def test_responses_stream_and_refusals(live):
     with pytest.raises(openai.BadRequestError, match="hosted tools"):
         live.responses.create(model=MODEL, input="Hi", tools=[{"type": "web_search"}])
     image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
-    with pytest.raises(openai.BadRequestError, match="expected a text part, but got 'input_image'"):
+    with pytest.raises(openai.BadRequestError, match=r"expected text, but got media \(a 'input_image' block\)"):
         live.responses.create(model=MODEL, input=[{"role": "user", "content": [image]}])
 
 

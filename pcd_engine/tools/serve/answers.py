@@ -17,11 +17,12 @@ from typing import Any, Literal, TypeVar
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
-from pcd_engine.errors import OptionError, SchemaError, check_count
-from pcd_engine.generate.free_text import ChatMessage, TextChunk, document_text, json_chat, stream_chat
+from pcd_engine.errors import ContextError, OptionError, SchemaError, check_count
+from pcd_engine.generate.free_text import ChatMessage, TextChunk, json_chat, stream_chat
 from pcd_engine.options import ExtractOptions, surface_options
+from pcd_engine.prompt.transcript import Conversation, openai_conversation
 from pcd_engine.schema import compile_schema
-from pcd_engine.tool_calls import Tool, ToolDecision, called_text, choice_of, decide_tools, tool_result_text
+from pcd_engine.tool_calls import Tool, ToolDecision, choice_of, decide_tools
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import (
     ChatCompletionRequest,
@@ -35,11 +36,10 @@ from pcd_engine.tools.serve.server import Server
 
 __all__ = [
     "Answer",
-    "answered_calls",
     "Ask",
     "Call",
     "read_request",
-    "chat_messages",
+    "conversation",
     "decide",
     "extract_options",
     "function_tool",
@@ -74,7 +74,7 @@ class Ask:
     """One request, whichever route it came in on.
 
     Attributes:
-        messages: The conversation, tool calls and results labelled (see :func:`chat_messages`).
+        conversation: The conversation, tool calls and results included (:func:`conversation`).
         options: Extraction options for scored answers (``pcd``, ``temperature``, the token limit).
         max_new_tokens: Token limit of free text and JSON objects (already capped by the server).
         tools: Function tools; empty for none.
@@ -83,12 +83,10 @@ class Ask:
         format: What the answer is when no tool is called.
         schema: The JSON Schema of a ``json_schema`` answer.
         stop: Stop strings of free text.
-        done: The tool calls already made and answered in the conversation (:func:`answered_calls`), which the
-            tool decision does not repeat.
         params: The route's names of its fields (``tool_choice``, ``format``, ``tools``), for error messages.
     """
 
-    messages: list[ChatMessage]
+    conversation: Conversation
     options: ExtractOptions
     max_new_tokens: int
     tools: list[Tool] = field(default_factory=list)
@@ -97,12 +95,27 @@ class Ask:
     format: Format = "text"
     schema: dict[str, Any] | None = None
     stop: list[str] = field(default_factory=list)
-    done: list[tuple[str, Any]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
 
     def param(self, name: str) -> str:
         """The route's name of a field."""
         return self.params.get(name, name)
+
+    @property
+    def messages(self) -> list[ChatMessage]:
+        """The conversation's turns as the chat template renders them (free text and JSON objects)."""
+        return self.conversation.chat()
+
+    @property
+    def document(self) -> str:
+        """The text a decision is made on (a tool choice, a scored answer)."""
+        return self.conversation.document
+
+    @property
+    def done(self) -> list[tuple[str, Any]]:
+        """The tool calls already made and answered in the conversation, which the tool decision does not
+        repeat."""
+        return self.conversation.answered_calls()
 
 
 @dataclass(frozen=True)
@@ -156,10 +169,10 @@ async def respond(server: Server, request: Request, ask: Ask, *, chosen: Answer 
 async def _respond(server: Server, request: Request, ask: Ask) -> Answer:
     if ask.format == "json_schema":
         return await _scored(server, request, ask)
-    found = schema_in_prompt(ask.messages) if ask.format == "json_object" else None
+    found = schema_in_prompt(ask.conversation) if ask.format == "json_object" else None
     if found is not None:
-        schema, messages = found
-        answer = await _scored(server, request, replace(ask, schema=schema, messages=messages))
+        schema, rest = found
+        answer = await _scored(server, request, replace(ask, schema=schema, conversation=rest))
         return replace(answer, pcd={**(answer.pcd or {}), "schema_source": "prompt"})
     if ask.format == "json_object":
         reply = await run_in_threadpool(
@@ -201,7 +214,7 @@ async def decide(server: Server, request: Request, ask: Ask) -> Answer | None:
     except OptionError as exc:
         raise HTTPError(400, "invalid_request", str(exc), param=ask.param("tool_choice")) from None
     parallel = ask.parallel and len(ask.tools) > 1
-    document = document_text([m.content for m in ask.messages])
+    document = ask.document
     try:
         decision: ToolDecision = await server.run_engine(
             request, decide_tools, server.engine, document, ask.tools, choice=choice, parallel=parallel,
@@ -227,7 +240,7 @@ async def _scored(server: Server, request: Request, ask: Ask) -> Answer:
         compiled = compile_schema(ask.schema)
     except SchemaError as exc:
         raise HTTPError(400, "unsupported_schema", str(exc), param=ask.param("format")) from None
-    document = document_text([m.content for m in ask.messages])
+    document = ask.document
     result = await server.extract(request, document, compiled, ask.options)
     content = json.dumps(result.values, ensure_ascii=False)
     written = len(server.engine.tokenizer.encode(content))
@@ -238,7 +251,7 @@ async def _scored(server: Server, request: Request, ask: Ask) -> Answer:
 # ------------------------------------------------------------------------------------------------ reading
 
 
-def schema_in_prompt(messages: Sequence[ChatMessage]) -> tuple[dict[str, Any], list[ChatMessage]] | None:
+def schema_in_prompt(conversation: Conversation) -> tuple[dict[str, Any], Conversation] | None:
     """The JSON Schema a client wrote into the instructions of a ``json_object`` request, and the conversation
     without it.
 
@@ -248,34 +261,33 @@ def schema_in_prompt(messages: Sequence[ChatMessage]) -> tuple[dict[str, Any], l
     turn, since the scored answer states the schema itself.
 
     Args:
-        messages: The conversation.
+        conversation: The conversation.
 
     Returns:
-        ``(schema, messages)``, or ``None`` when no system turn carries a schema pcd compiles.
+        ``(schema, conversation)``, or ``None`` when no system turn carries a schema pcd compiles.
     """
     decoder = json.JSONDecoder()
-    for index in range(len(messages) - 1, -1, -1):
-        turn = messages[index]
+    turns = conversation.turns
+    for index in range(len(turns) - 1, -1, -1):
+        turn = turns[index]
         if turn.role != "system":
             continue
         found: tuple[dict[str, Any], int, int] | None = None
-        start = turn.content.find("{")
+        start = turn.text.find("{")
         while start != -1:
             try:
-                value, end = decoder.raw_decode(turn.content, start)
+                value, end = decoder.raw_decode(turn.text, start)
             except ValueError:
-                start = turn.content.find("{", start + 1)
+                start = turn.text.find("{", start + 1)
                 continue
             if isinstance(value, dict) and isinstance(value.get("properties"), dict) and _compiles(value):
                 found = (value, start, end)
-            start = turn.content.find("{", end)
+            start = turn.text.find("{", end)
         if found is not None:
             schema, start, end = found
-            rest = (turn.content[:start] + turn.content[end:]).strip()
-            kept = [m for i, m in enumerate(messages) if i != index]
-            if rest:
-                kept.insert(index, ChatMessage(turn.role, rest))
-            return schema, kept
+            rest = (turn.text[:start] + turn.text[end:]).strip()
+            kept = [*turns[:index], *([replace(turn, text=rest)] if rest else []), *turns[index + 1 :]]
+            return schema, Conversation(tuple(kept))
     return None
 
 
@@ -301,86 +313,18 @@ def function_tool(name: Any, description: Any, parameters: Any, *, where: str, p
     return Tool(name, description if isinstance(description, str) else None, parameters)
 
 
-# OpenAI roles as chat-template roles: tool results reach the model as user turns (labelled).
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "user"}
-
-
-def chat_messages(raw: Any, *, param: str = "messages") -> list[ChatMessage]:
-    """Chat Completions messages as chat turns: an assistant turn's ``tool_calls`` and a tool turn's result are
-    labelled text (the result by the name of the call it answers), as :mod:`pcd_engine.tool_calls` reads them.
+def conversation(raw: Any, *, param: str = "messages") -> Conversation:
+    """Chat Completions messages as the conversation every surface reads
+    (:func:`~pcd_engine.prompt.transcript.openai_conversation`).
 
     Raises:
-        HTTPError: 400 for a message without a role, an unknown role, or content that is not text (images,
-            audio, files are refused, not dropped).
+        HTTPError: 400 for a message without a known role, or content that is not text (images, audio, files are
+            refused, not dropped).
     """
-    if not isinstance(raw, list) or not raw:
-        raise HTTPError(400, "invalid_request", f"{param}: expected a non-empty list.", param=param)
-    names: dict[str, str] = {}
-    out = []
-    for i, m in enumerate(raw):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise HTTPError(400, "invalid_request", f"{param}[{i}]: expected an object with a role.", param=param)
-        role = m["role"]
-        if role not in ROLES:
-            message = f"{param}[{i}].role: expected one of {sorted(ROLES)}, but got {role!r}."
-            raise HTTPError(400, "invalid_request", message, param=param)
-        content = m.get("content")
-        if isinstance(content, list):
-            content = "".join(_text_part(f"{param}[{i}].content[{j}]", p, param) for j, p in enumerate(content))
-        raw_calls = [c for c in m.get("tool_calls") or [] if isinstance(c, dict)]
-        if content is None and role == "assistant" and raw_calls:
-            content = ""
-        if not isinstance(content, str):
-            raise HTTPError(400, "invalid_request", f"{param}[{i}].content: expected text.", param=param)
-        calls = [c.get("function") or {} for c in raw_calls]
-        names.update({str(c.get("id")): str((c.get("function") or {}).get("name")) for c in raw_calls})
-        if calls:
-            made = called_text([(str(c.get("name")), _arguments(c.get("arguments"))) for c in calls])
-            content = "\n".join(t for t in (content, made) if t)
-        if role == "tool":
-            call_id = str(m.get("tool_call_id", ""))
-            content = tool_result_text(names.get(call_id) or str(m.get("name") or call_id or "tool"), content)
-        out.append(ChatMessage(ROLES[role], content))
-    return out
-
-
-def answered_calls(raw: Any) -> list[tuple[str, Any]]:
-    """The tool calls of Chat Completions messages that a tool message answers, as ``(name, arguments)``."""
-    if not isinstance(raw, list):
-        return []
-    answered = {m.get("tool_call_id") for m in raw if isinstance(m, dict) and m.get("role") == "tool"}
-    calls = [c for m in raw if isinstance(m, dict) for c in m.get("tool_calls") or [] if isinstance(c, dict)]
-    return [
-        (str((c.get("function") or {}).get("name")), _arguments((c.get("function") or {}).get("arguments")))
-        for c in calls
-        if c.get("id") in answered
-    ]
-
-
-TEXT_PARTS = ("text", "input_text", "output_text")
-
-
-def _text_part(where: str, part: Any, param: str) -> str:
-    """A content part's text.
-
-    Raises:
-        HTTPError: 400 for a part that is not text: pcd reads text only, and does not drop the rest silently.
-    """
-    if isinstance(part, dict) and part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str):
-        return str(part["text"])
-    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-    message = f"{where}: expected a text part, but got {kind!r}; pcd reads text only."
-    raise HTTPError(400, "unsupported_content", message, param=param)
-
-
-def _arguments(raw: Any) -> dict[str, Any]:
-    """A past call's arguments (OpenAI sends them as a JSON string)."""
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except json.JSONDecodeError:
-            return {"arguments": raw}
-    return raw if isinstance(raw, dict) else {}
+    try:
+        return openai_conversation(raw, where=param)
+    except ContextError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param=param) from None
 
 
 def token_limit(value: int | None, server: Server, *, param: str) -> int:

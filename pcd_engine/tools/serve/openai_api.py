@@ -36,9 +36,8 @@ from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
-    answered_calls,
-    chat_messages,
     check_temperature,
+    conversation,
     decide,
     extract_options,
     function_tool,
@@ -180,7 +179,7 @@ def _ask(server: Server, body: ChatCompletionRequest) -> Ask:
     # the client's token limit caps the whole reply; each open value's (pcd.max_tokens) stays within it
     reply = token_limit(body.token_limit, server, param="max_tokens")
     return Ask(
-        messages=chat_messages(body.messages),
+        conversation=conversation(body.messages),
         options=extract_options(server, body.pcd, body.temperature, reply),
         max_new_tokens=reply,
         tools=tools,
@@ -190,7 +189,6 @@ def _ask(server: Server, body: ChatCompletionRequest) -> Ask:
         schema=schema,
         stop=stops(body.stop),
         params={"format": "response_format"},
-        done=answered_calls(body.messages),
     )
 
 

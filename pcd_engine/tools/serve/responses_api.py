@@ -27,8 +27,7 @@ from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
-    answered_calls,
-    chat_messages,
+    conversation,
     decide,
     extract_options,
     function_tool,
@@ -90,7 +89,7 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
     # the client's token limit caps the whole reply; each open value's (pcd.max_tokens) stays within it
     reply = token_limit(body.max_output_tokens, server, param="max_output_tokens")
     return Ask(
-        messages=chat_messages(turns, param="input"),
+        conversation=conversation(turns, param="input"),
         options=extract_options(server, body.pcd, body.temperature, reply),
         max_new_tokens=reply,
         tools=tools,
@@ -99,12 +98,12 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
         format=kind,
         schema=fmt.get("schema") if kind == "json_schema" else None,
         params={"format": "text.format"},
-        done=answered_calls(turns),
     )
 
 
 def input_turns(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses input items as Chat Completions messages (the shape :func:`chat_messages` reads).
+    """Responses input items as Chat Completions messages (the shape
+    :func:`~pcd_engine.tools.serve.answers.conversation` reads).
 
     Raises:
         HTTPError: 400 for an item of a kind pcd cannot read (reasoning, hosted tool calls, ...).
