@@ -31,7 +31,6 @@ from typing import Any
 
 import numpy as np
 
-from pcd_engine.backends import select_backend
 from pcd_engine.backends.contract import Backend, Prefix, RequestState
 from pcd_engine.decide.staging import PassCost, measure_pass_cost
 from pcd_engine.deciders.corrections import CORRECTION_WINDOW
@@ -39,6 +38,7 @@ from pcd_engine.errors import ContextError, OptionError
 from pcd_engine.generate.open_rows import Grammars
 from pcd_engine.heads.head import HEADED_KINDS
 from pcd_engine.lru import LRU
+from pcd_engine.models.loading import ModelToLoad, model_to_load
 from pcd_engine.options import EngineOptions, ExtractOptions, PromptFormat, check_batch_size
 from pcd_engine.prompt.chat_prompt import ChatPrompt, TokenizerView
 from pcd_engine.result import ExtractionResult, FieldResult
@@ -129,13 +129,8 @@ class Engine:
             ModelLoadError: If the model cannot be found or loaded.
             BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
-        from pcd_engine.models.resolve import resolve_model
-
-        chosen = select_backend(backend)
-        path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
-        return cls._from_resolved(
-            name_or_path, path, backend=chosen, device=device, dtype=dtype, scorer=scorer, **options
-        )
+        found = model_to_load(name_or_path, backend=backend, device=device, dtype=dtype, scorer=scorer)
+        return cls._loaded(found, **options)
 
     @classmethod
     def shared(
@@ -170,44 +165,19 @@ class Engine:
             ModelLoadError: If the model cannot be found or loaded.
             BackendUnavailableError: If the backend is unknown or its libraries are missing.
         """
-        from pcd_engine.models.resolve import resolve_model
-
-        chosen = select_backend(backend)
-        path = resolve_model(name_or_path, backend=chosen, dtype=dtype)
-        key = (os.path.realpath(path) if os.path.exists(path) else path, chosen, device, dtype, scorer)
+        found = model_to_load(name_or_path, backend=backend, device=device, dtype=dtype, scorer=scorer)
         with _SHARED_LOCK:
-            engine = _SHARED.get(key)
+            engine = _SHARED.get(found.key)
             if engine is None:
-                engine = cls._from_resolved(
-                    name_or_path, path, backend=chosen, device=device, dtype=dtype, scorer=scorer
-                )
-                _SHARED.put(key, engine)
+                engine = cls._loaded(found)
+                _SHARED.put(found.key, engine)
         return engine
 
     @classmethod
-    def _from_resolved(
-        cls,
-        name: str | os.PathLike[str] | None,
-        path: str,
-        *,
-        backend: str,
-        device: str | None,
-        dtype: str | None,
-        scorer: str,
-        **options: Any,
-    ) -> Engine:
-        """Load the resolved model ``path`` on ``backend`` (what :meth:`load` and :meth:`shared` share)."""
-        from pcd_engine.models.resolve import DEFAULT_MODEL
-
-        if backend == "mlx":
-            from pcd_engine.backends.mlx import MLXBackend
-
-            engine = cls(MLXBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
-        else:
-            from pcd_engine.backends.torch import TorchBackend
-
-            engine = cls(TorchBackend.load(path, device=device, dtype=dtype, scorer=scorer), **options)
-        engine.model_id = DEFAULT_MODEL if name is None else str(name)
+    def _loaded(cls, found: ModelToLoad, **options: Any) -> Engine:
+        """An engine on the model ``found`` names, loaded now (what :meth:`load` and :meth:`shared` share)."""
+        engine = cls(found.load(), **options)
+        engine.model_id = found.model_id
         return engine
 
     # ------------------------------------------------------------------------------------------ public
