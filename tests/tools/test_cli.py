@@ -11,6 +11,7 @@ import io
 import json
 import re
 import shlex
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -552,15 +553,28 @@ def test_serve_collects_concurrent_extractions_unless_told_not_to(capsys, tiny, 
     assert len(err.strip().splitlines()) == 1 and not seen  # refused before serving
 
 
-def test_pcd_serve_process_answers_the_openai_client(tiny):
-    """``pcd serve`` as a user starts it: a separate process on a free loopback port, driven by the openai client
-    (tools decided, the key required)."""
+def test_pcd_serve_process_answers_the_openai_client_over_https(tiny, tmp_path):
+    """``pcd serve`` as a user starts it: a separate process on a free loopback port, here over HTTPS with a
+    certificate made for the test (``--ssl-certfile``/``--ssl-keyfile``), driven by the openai client that trusts
+    only that certificate's authority (tools decided, the key required). A client that does not trust it, or
+    speaks plain HTTP, gets no answer."""
     pytest.importorskip("uvicorn")
     import socket
     import time
 
     import httpx
     import openai
+    import trustme
+
+    authority = trustme.CA()
+    issued = authority.issue_cert("127.0.0.1")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    issued.cert_chain_pems[0].write_to_path(cert)
+    for more in issued.cert_chain_pems[1:]:
+        more.write_to_path(cert, append=True)
+    issued.private_key_pem.write_to_path(key)
+    trusted = ssl.create_default_context()
+    authority.configure_trust(trusted)
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -568,13 +582,16 @@ def test_pcd_serve_process_answers_the_openai_client(tiny):
     pcd = Path(sys.executable).with_name("pcd")  # the console script the package installs
     if not pcd.exists():
         pytest.skip("the pcd console script is not installed (pip install -e .)")
-    command = [str(pcd), "serve", tiny, "--port", str(port), "--backend", "torch", "-q"]
-    process = subprocess.Popen([*command, "--api-key", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    command = [str(pcd), "serve", tiny, "--port", str(port), "--backend", "torch"]
+    tls = ["--ssl-certfile", str(cert), "--ssl-keyfile", str(key)]
+    process = subprocess.Popen([*command, *tls, "--api-key", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    base = f"https://127.0.0.1:{port}"
+    http = httpx.Client(verify=trusted)  # closed before the server stops: it waits for open connections
     try:
         deadline = time.time() + 120
         while True:
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/", timeout=1).status_code == 200:
+                if httpx.get(f"{base}/", timeout=1, verify=trusted).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
@@ -582,7 +599,7 @@ def test_pcd_serve_process_answers_the_openai_client(tiny):
                 process.stderr.read().decode() if process.poll() else "no start"
             )
             time.sleep(0.25)
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0, http_client=http)
         assert tiny in [m.id for m in client.models.list()]
         tool = {
             "type": "function",
@@ -600,11 +617,42 @@ def test_pcd_serve_process_answers_the_openai_client(tiny):
         )
         (call,) = out.choices[0].message.tool_calls
         assert call.function.name == "lookup" and json.loads(call.function.arguments)["rush"] in (True, False)
+        wrong_key = openai.OpenAI(base_url=f"{base}/v1", api_key="wrong", max_retries=0, http_client=http)
         with pytest.raises(openai.AuthenticationError):
-            openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).models.list()
+            wrong_key.models.list()
+        with pytest.raises(openai.APIConnectionError):  # the system's authorities do not know the test's
+            openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0).models.list()
+        with pytest.raises(httpx.TransportError):  # plain HTTP to the HTTPS port is no conversation
+            httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
     finally:
+        http.close()
         process.terminate()
-        process.wait(timeout=30)
+        _, err = process.communicate(timeout=30)
+    assert f"on https://127.0.0.1:{port}/" in err.decode()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        (["--ssl-certfile", "CERT"], ["--ssl-certfile: expected it with --ssl-keyfile", "alone"]),
+        (["--ssl-keyfile", "KEY"], ["--ssl-keyfile: expected it with --ssl-certfile"]),
+        (["--ssl-keyfile-password", "pw"], ["--ssl-keyfile-password: expected it with"]),
+        (["--ssl-certfile", "MISSING", "--ssl-keyfile", "KEY"], ["--ssl-certfile: expected a PEM file", "missing.pem"]),
+        (["--ssl-certfile", "CERT", "--ssl-keyfile", "CERT"], ["expected a PEM certificate and its private key"]),
+    ],
+)
+def test_pcd_serve_refuses_half_a_certificate_before_loading_the_model(capsys, tmp_path, monkeypatch, flags, needles):
+    import trustme
+
+    from pcd_engine.tools.cli import common
+
+    issued = trustme.CA().issue_cert("127.0.0.1")
+    files = {"CERT": tmp_path / "cert.pem", "KEY": tmp_path / "key.pem", "MISSING": tmp_path / "missing.pem"}
+    issued.cert_chain_pems[0].write_to_path(files["CERT"])
+    issued.private_key_pem.write_to_path(files["KEY"])
+    monkeypatch.setattr(common, "load_engine", lambda args: pytest.fail("the model loaded before the check"))
+    code, _, err = run(capsys, "serve", "default", *[str(files.get(f, f)) for f in flags])
+    assert_one_line_error(code, err, *needles)
 
 
 # ------------------------------------------------------------------------------------------------ the default model

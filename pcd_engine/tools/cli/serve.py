@@ -1,13 +1,14 @@
-"""``pcd serve``: the web page and the OpenAI-compatible server on loopback."""
+"""``pcd serve``: the web page and the OpenAI-compatible server on loopback, over HTTPS when given a certificate."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import BackendUnavailableError, check_count, pip_install
+from pcd_engine.errors import BackendUnavailableError, InputError, check_count, pip_install
 from pcd_engine.limits import SERVER_LIMITS, SERVER_MAX_NEW_TOKENS, RequestLimits
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import check_batch_size
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     pass
 
 
-__all__ = ["add", "cmd_serve"]
+__all__ = ["add", "cmd_serve", "tls_files"]
 
 
 def add(sub: Any) -> None:
@@ -74,7 +75,39 @@ def add(sub: Any) -> None:
     p.add_argument("--max-batch", type=int, default=None, help="the most extractions in one batch (default: engine's)")
     p.add_argument("--log", default=None, metavar="LOG.jsonl", help="append /api/extract requests and the outcomes "
                    "POST /api/outcomes reports (pcd fit --log reads them)")  # fmt: skip
+    p.add_argument("--ssl-certfile", default=None, metavar="CERT.pem",
+                   help="serve HTTPS with this certificate (its chain after it); with --ssl-keyfile")  # fmt: skip
+    p.add_argument("--ssl-keyfile", default=None, metavar="KEY.pem", help="the certificate's private key")
+    p.add_argument("--ssl-keyfile-password", default=None, metavar="PASSWORD", help="the key's password, if any")
     p.set_defaults(func=cmd_serve)
+
+
+def tls_files(args: argparse.Namespace) -> tuple[str, str, str | None] | None:
+    """``(certfile, keyfile, key password)`` for uvicorn from ``--ssl-certfile`` and ``--ssl-keyfile`` (both or
+    neither; ``None``: plain HTTP), the files checked to load as a certificate and its key before the model does.
+
+    Raises:
+        InputError: If one is given without the other, a file is missing, or they do not load as a pair.
+    """
+    cert, key = args.ssl_certfile, args.ssl_keyfile
+    if cert is None and key is None:
+        if args.ssl_keyfile_password is not None:
+            raise InputError("--ssl-keyfile-password: expected it with --ssl-certfile and --ssl-keyfile.")
+        return None
+    if cert is None or key is None:
+        given, missing = ("--ssl-certfile", "--ssl-keyfile") if key is None else ("--ssl-keyfile", "--ssl-certfile")
+        raise InputError(f"{given}: expected it with {missing} (HTTPS needs both), but got it alone.")
+    for flag, path in (("--ssl-certfile", cert), ("--ssl-keyfile", key)):
+        if not os.path.isfile(path):
+            raise InputError(f"{flag}: expected a PEM file, but {path!r} is not a file.")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key, args.ssl_keyfile_password)
+    except (ssl.SSLError, OSError) as exc:
+        raise InputError(
+            f"--ssl-certfile/--ssl-keyfile: expected a PEM certificate and its private key, but loading "
+            f"{cert!r} with {key!r} failed: {exc}."
+        ) from None
+    return cert, key, args.ssl_keyfile_password
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -91,6 +124,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         time_limit_s=args.time_limit or None,
     )
     check_batch_size(args.max_batch)  # before the model loads
+    tls = tls_files(args)
     check_count(args.max_new_tokens, "pcd serve --max-new-tokens")
     api_key = args.api_key or os.environ.get("PCD_API_KEY") or None
     loopback = args.host in ("localhost", "127.0.0.1", "::1")
@@ -121,12 +155,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
         log=args.log,
     )
     if not args.quiet:
-        print(f"pcd: serving {args.model} on http://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
+        scheme = "http" if tls is None else "https"
+        print(f"pcd: serving {args.model} on {scheme}://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
     uvicorn.run(
         app,
         host=args.host,
         port=args.port,
         log_level="warning" if args.quiet else "info",
         http=header_timeout_protocol(args.body_timeout),
+        ssl_certfile=None if tls is None else tls[0],
+        ssl_keyfile=None if tls is None else tls[1],
+        ssl_keyfile_password=None if tls is None else tls[2],
     )
     return 0
