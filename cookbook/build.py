@@ -748,7 +748,7 @@ bootstrap interval of the accuracy gained.""",
 (gate,) = head.gates
 print(f"held-out examples: head {gate.head.accuracy:.0%}, without it {gate.zero_shot.accuracy:.0%}")
 low, high = gate.interval
-print(f"gain {gate.gain:+.0f} points (95% interval {low:+.0f} to {high:+.0f}); better: {gate.better}")""",
+print(f"gain {gate.gain:+.0%} (95% interval {low:+.0%} to {high:+.0%}); better: {gate.better}")""",
     ),
     ("md", "Decide the same 50 articles with the head:"),
     (

@@ -194,34 +194,50 @@ def held_out_distributions(
     name: str, labels: Sequence[Any], features: Sequence[Sequence[float]], targets: Sequence[int], *,
     folds: int = 5, c: float = 0.1, seed: int = 0,
 ) -> list[tuple[float, ...]]:  # fmt: skip
-    """Each example's distribution from a head fitted without it: stratified folds (as many as the rarest label's
-    examples allow, between 2 and ``folds``), each head fitted on the other folds. A label with one example is
-    unseen by the head that scores it (see :data:`UNSEEN_LOG_ODDS`).
+    """Each example's distribution from a head fitted without it: stratified folds (scikit-learn's
+    ``StratifiedKFold``, shuffled by ``seed``; as many folds as the rarest label's examples allow, between 2 and
+    ``folds``; plain folds where every label is seen once), each head fitted on the other folds. A label with one
+    example is unseen by the head that scores it (see :data:`UNSEEN_LOG_ODDS`); where the other folds show a
+    single label (a rare answer's own fold), the head fitted on them knows only that label and answers it
+    (:func:`one_label_distribution`), as any head fitted on those examples would.
 
     Raises:
-        OptionError: If a fold's training examples show fewer than two labels (too few examples to gate).
+        BackendUnavailableError: If scikit-learn is not installed.
     """
-    import random
+    import warnings
     from collections import Counter
 
-    order = list(range(len(targets)))
-    random.Random(seed).shuffle(order)
-    k = max(2, min(folds, min(Counter(targets).values(), default=1)))
-    fold_of: dict[int, int] = {}
-    for label in sorted(set(targets)):
-        members = [i for i in order if targets[i] == label]
-        for n, i in enumerate(members):
-            fold_of[i] = n % k
+    from pcd_engine.errors import pip_install, require
+
+    (selection,) = require("sklearn.model_selection", what="Gating a head", install=pip_install("eval"))
+    counts = Counter(targets).values()
+    k = max(2, min(folds, min(counts, default=1), len(targets)))
+    # every label seen once leaves nothing to stratify: plain folds (scikit-learn refuses stratified ones)
+    split = selection.StratifiedKFold if max(counts, default=0) >= k else selection.KFold
+    splitter = split(n_splits=k, shuffle=True, random_state=seed)
     out: list[tuple[float, ...]] = [()] * len(targets)
-    for fold in range(k):
-        test = [i for i in order if fold_of[i] == fold]
-        train = [i for i in order if fold_of[i] != fold]
-        if not test:
+    with warnings.catch_warnings():  # a label seen less often than there are folds is expected here
+        warnings.filterwarnings("ignore", message="The least populated class", category=UserWarning)
+        splits = list(splitter.split([[0]] * len(targets), list(targets)))
+    for train, test in splits:
+        shown = {targets[i] for i in train}
+        if len(shown) == 1:
+            only = one_label_distribution(len(labels), shown.pop())
+            for i in test:
+                out[i] = only
             continue
         head = fit_field_head(name, labels, [features[i] for i in train], [targets[i] for i in train], c=c)
         for i in test:
             out[i] = head.probabilities(features[i])
     return out
+
+
+def one_label_distribution(count: int, label: int) -> tuple[float, ...]:
+    """What a head fitted on examples of one label answers: that label, each unseen label at
+    :data:`UNSEEN_LOG_ODDS` below it."""
+    unseen = math.exp(UNSEEN_LOG_ODDS)
+    total = 1.0 + unseen * (count - 1)
+    return tuple((1.0 if i == label else unseen) / total for i in range(count))
 
 
 def fit_flag_head(

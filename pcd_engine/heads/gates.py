@@ -1,6 +1,7 @@
 """The gate a decision head passes before it is trusted (issue 46): how well a reader's distributions decide held-out
 examples (:func:`scores`: accuracy, macro-F1, ECE, Brier), and a head against the model's own decision on the same
-examples with a paired bootstrap interval of the accuracy gained (:func:`gate`). Plain statistics over distributions;
+examples with a paired bootstrap interval of the accuracy gained (:func:`gate`), every figure a fraction of the
+examples (printed as points where a person reads it). Plain statistics over distributions;
 the held-out distributions come from :func:`~pcd_engine.heads.head.held_out_distributions`.
 """
 
@@ -61,8 +62,8 @@ class Gate:
         held_out: How many examples were scored (each by a head fitted without it).
         head: The head's scores.
         zero_shot: The zero-shot decision's scores.
-        gain: The head's accuracy minus the zero-shot accuracy, in points.
-        interval: A 95% paired bootstrap interval of ``gain`` (the same resampled examples for both).
+        gain: The head's accuracy minus the zero-shot accuracy, a fraction as the accuracies are (0.25: 25 points).
+        interval: A 95% paired bootstrap interval of ``gain`` (the same resampled examples for both), fractions.
     """
 
     field: str
@@ -96,7 +97,7 @@ def gate(
     right_zero = np.asarray(zero_shot).argmax(axis=1) == y
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, len(y), size=(draws, len(y)))
-    gains = (right_head[picks].mean(axis=1) - right_zero[picks].mean(axis=1)) * 100
+    gains = right_head[picks].mean(axis=1) - right_zero[picks].mean(axis=1)
     low, high = np.percentile(gains, [2.5, 97.5])
     return Gate(name, len(y), scores(head, gold), scores(zero_shot, gold),
-                float((right_head.mean() - right_zero.mean()) * 100), (float(low), float(high)))  # fmt: skip
+                float(right_head.mean() - right_zero.mean()), (float(low), float(high)))  # fmt: skip

@@ -163,7 +163,8 @@ class Head:
         worse = [g for g in gates if not g.better]
         if require_better and worse:
             raise OptionError("Head: expected each head to beat the model's own decision, but " + "; ".join(
-                f"{g.field!r} gained {g.gain:+.1f} points (95% interval {g.interval[0]:+.1f} to {g.interval[1]:+.1f}) "
+                f"{g.field!r} gained {g.gain * 100:+.1f} points (95% interval {g.interval[0] * 100:+.1f} to "
+                f"{g.interval[1] * 100:+.1f}) "
                 f"on {g.held_out} held-out examples" for g in worse) + ".")  # fmt: skip
         return cls(compiled.fingerprint, compiled.title, engine.model_id, FEATURE_RECIPES[0], len(texts),
                    tuple(heads), gates=tuple(gates))  # fmt: skip

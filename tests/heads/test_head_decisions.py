@@ -55,6 +55,20 @@ def test_fit_gates_a_head_that_learned_and_one_that_did_not(tiny_engine, fitted)
         Head.fit(tiny_engine, SCHEMA, examples(), require_better=True)
 
 
+def test_fit_takes_real_label_counts(tiny_engine):
+    """A yes/no field with 11 examples of one answer and 1 of the other, and a field with one example per label, are
+    fitted and gated (issue 57): every label present at least once is fitted, and a label seen once is scored
+    honestly in its held-out fold (by a head that never saw it)."""
+    rare = [(f"Order {i}. {WORDS['calm']}", {"refund": i == 5}) for i in range(12)]
+    head = Head.fit(tiny_engine, SCHEMA, rare)
+    (gate,) = head.gates
+    assert gate.field == "refund" and gate.held_out == 12
+    assert head.field("refund").seen == (11, 1) or head.field("refund").seen == (1, 11)
+    once = [(WORDS[tone], {"tone": tone}) for tone in WORDS]
+    (gate,) = Head.fit(tiny_engine, SCHEMA, once).gates
+    assert gate.field == "tone" and gate.held_out == 3
+
+
 def test_a_field_with_a_head_is_decided_by_it_and_the_others_as_without(tiny_engine, fitted):
     text = "Order 99. I am furious about this!"
     plain = tiny_engine.extract(text, SCHEMA)

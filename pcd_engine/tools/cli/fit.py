@@ -66,10 +66,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
     path = head.save(output)
     print(f"head of {schema.title!r} for {engine.model_id} ({len(examples)} labelled documents): {path}")
     show_table(
-        ("field", "held out", "head accuracy", "model's accuracy", "gain (95% interval)", "head macro-F1 / ECE",
+        ("field", "held out", "head accuracy", "model's accuracy", "gain, points (95% interval)", "head macro-F1 / ECE",
          "better"),
         [(g.field, str(g.held_out), f"{g.head.accuracy:.1%}", f"{g.zero_shot.accuracy:.1%}",
-          f"{g.gain:+.1f} ({g.interval[0]:+.1f} to {g.interval[1]:+.1f})",
+          f"{g.gain * 100:+.1f} ({g.interval[0] * 100:+.1f} to {g.interval[1] * 100:+.1f})",
           f"{g.head.macro_f1:.2f} / {g.head.ece:.2f}", "yes" if g.better else "no") for g in head.gates],
     )  # fmt: skip
     return 0
