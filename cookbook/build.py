@@ -747,8 +747,8 @@ bootstrap interval of the accuracy gained.""",
         """head = Head.fit(engine, Article, examples)
 (gate,) = head.gates
 print(f"held-out examples: head {gate.head.accuracy:.0%}, without it {gate.zero_shot.accuracy:.0%}")
-low, high = gate.interval
-print(f"gain {gate.gain:+.0%} (95% interval {low:+.0%} to {high:+.0%}); better: {gate.better}")""",
+low, high = (100 * end for end in gate.interval)  # a gate's figures are fractions: points here
+print(f"gain {100 * gate.gain:+.0f} points (95% interval {low:+.0f} to {high:+.0f}); better: {gate.better}")""",
     ),
     ("md", "Decide the same 50 articles with the head:"),
     (
