@@ -64,6 +64,8 @@ class Gate:
         zero_shot: The zero-shot decision's scores.
         gain: The head's accuracy minus the zero-shot accuracy, a fraction as the accuracies are (0.25: 25 points).
         interval: A 95% paired bootstrap interval of ``gain`` (the same resampled examples for both), fractions.
+        folded: Examples left out before the gate as copies of another (the same text with the same labels): a
+            copy in the training folds would let a head score its twin by heart.
     """
 
     field: str
@@ -72,6 +74,7 @@ class Gate:
     zero_shot: Scores
     gain: float
     interval: tuple[float, float]
+    folded: int = 0
 
     @property
     def better(self) -> bool:

@@ -69,6 +69,19 @@ def test_fit_takes_real_label_counts(tiny_engine):
     assert gate.field == "tone" and gate.held_out == 3
 
 
+def test_copies_are_folded_before_the_gate(tiny_engine):
+    """Ten copies of one text per label gave a gate of 1.00 (each copy scored by a head that had read its twins);
+    folded, two examples are left, each scored by a head that never read it, and the gate says how many were
+    folded. The same text with another label is no copy: it stays."""
+    copies = [(WORDS[tone], {"tone": tone}) for tone in ("calm", "angry") for _ in range(10)]
+    head = Head.fit(tiny_engine, SCHEMA, copies)
+    (gate,) = head.gates
+    assert gate.folded == 18 and gate.held_out == 2 and head.examples == 2
+    assert gate.head.accuracy == 0 and not gate.better  # a head that read only the other text answers the other
+    disagree = [("Same words.", {"tone": tone}) for tone in ("calm", "angry", "calm")]
+    assert Head.fit(tiny_engine, SCHEMA, disagree).gates[0].folded == 1
+
+
 def test_a_field_with_a_head_is_decided_by_it_and_the_others_as_without(tiny_engine, fitted):
     text = "Order 99. I am furious about this!"
     plain = tiny_engine.extract(text, SCHEMA)
