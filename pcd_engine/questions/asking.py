@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from pcd_engine.errors import ContextError, SchemaError
-from pcd_engine.questions.kinds import TYPES, QuestionType, property_meanings, wire_content
+from pcd_engine.errors import ContextError, QuestionError, SchemaError
+from pcd_engine.questions.kinds import TYPES, QuestionType, property_meanings, wire_content, wire_type
 from pcd_engine.questions.states import state_text
 from pcd_engine.result import ExtractionResult, FieldResult, TokenUsage
 from pcd_engine.schema import LabelValue, Schema, compile_schema
@@ -103,6 +103,19 @@ class Question:
         reader = kind.from_decisions if wire == "decisions" else kind.from_systemone
         labels, descriptions = reader(raw, where)
         return cls(kind.name, instructions, labels, descriptions)  # type: ignore[arg-type]
+
+    @classmethod
+    def named_from_decisions(cls, raw: Any, where: str) -> tuple[str, Question]:
+        """One ``/v1/decisions`` question (``{"name", "type", "instructions", ...}``) with its name.
+
+        Raises:
+            QuestionError: Naming the part of the question at fault (``where.name``, ``where.type``, ...).
+        """
+        kind = wire_type("decisions", raw.get("type") if isinstance(raw, dict) else None, where=where)
+        name = raw.get("name")
+        if not isinstance(name, str) or not name:
+            raise QuestionError(f"{where}.name: expected a non-empty string.", param=f"{where}.name")
+        return name, cls.from_wire(kind, "decisions", raw, where)
 
     @property
     def type(self) -> QuestionType:

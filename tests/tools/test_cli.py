@@ -167,6 +167,100 @@ def test_run_preset_prints_every_field(capsys, tiny):
     assert "forward passes" in out
 
 
+# ------------------------------------------------------------------------------------------------ decide
+
+DECIDE_FLAGS = ["--noul", "urgent=Does the customer need an answer today?", "--choice", "team=billing,shipping",
+                "--score", "anger=calm,annoyed,furious", "--backend", "torch", "-q"]  # fmt: skip
+TICKET = "I was charged twice and I want my money back tonight!"
+
+
+@pytest.fixture(scope="module")
+def tiny_questions(tiny_folder):
+    """The shorthand flags' questions, and the tiny engine that answers them in process."""
+    from pcd_engine import Engine, Question
+
+    questions = {
+        "urgent": Question.yes_no("Does the customer need an answer today?"),
+        "team": Question.choice("Which team?", ["billing", "shipping"]),
+        "anger": Question.score("How much anger?", ["calm", "annoyed", "furious"]),
+    }
+    return Engine.load(tiny_folder, backend="torch"), questions
+
+
+def test_decide_prints_each_answers_probabilities_as_the_engine_decides_them(capsys, tiny, tiny_questions):
+    from pcd_engine import decide_questions
+
+    engine, questions = tiny_questions
+    (want,) = decide_questions(engine, [TICKET], questions)
+    code, out, err = run(capsys, "decide", tiny, "--state", TICKET, *DECIDE_FLAGS)
+    assert code == 0 and not err
+    rows = table_rows(out, "question")
+    assert [r[0] for r in rows if r[0]] == ["urgent", "team", "anger"]
+    shown = [(r[1].split(" (")[0], float(r[2])) for r in rows]  # a score's level shows its name beside it
+    expected = [(str(v), p) for a in want.answers.values() for v, p in a.probabilities.items()]
+    assert [v for v, _ in shown] == [v for v, _ in expected]
+    assert [p for _, p in shown] == pytest.approx([p for _, p in expected], abs=1e-3)
+    assert all(r[3] == "█" * round(float(r[2]) * 24) for r in rows)
+    assert [r[1] for r in rows][-3:] == ["0 (calm)", "1 (annoyed)", "2 (furious)"]
+    code, out, _ = run(capsys, "decide", tiny, "--state", TICKET, *DECIDE_FLAGS, "--json")
+    body = json.loads(out)["answers"]
+    assert body["urgent"]["value"] == want.answers["urgent"].value
+    assert body["team"]["probabilities"] == [
+        [v, pytest.approx(p)] for v, p in want.answers["team"].probabilities.items()
+    ]
+
+
+def test_decide_states_prints_one_body_per_line_and_goes_on_past_bad_ones(capsys, tiny, tiny_questions, tmp_path):
+    from pcd_engine import decide_questions
+
+    engine, questions = tiny_questions
+    states = tmp_path / "states.jsonl"
+    talk = [{"role": "user", "content": "Where is my parcel?"}, {"role": "assistant", "content": "On its way."}]
+    states.write_text(
+        "\n".join(
+            [
+                json.dumps({"state": TICKET}),
+                "{not json",
+                "",
+                json.dumps({"text": "x"}),
+                json.dumps({"state": talk}),
+                json.dumps({"state": 7}),
+            ]
+        )
+        + "\n",  # fmt: skip
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "decide", tiny, "--states", str(states), *DECIDE_FLAGS)
+    bodies = [json.loads(line) for line in out.splitlines()]
+    assert [b["line"] for b in bodies] == [1, 2, 4, 5, 6]  # the blank line is no request
+    assert "expected a JSON object" in bodies[1]["error"] and 'expected an object with a "state"' in bodies[2]["error"]
+    assert "states[" in bodies[4]["error"] or "Context" in bodies[4]["error"]  # a bare number is no state
+    want = decide_questions(engine, [TICKET, talk], questions)
+    for body, decided in zip((bodies[0], bodies[3]), want, strict=True):
+        assert {n: a["value"] for n, a in body["answers"].items()} == {n: a.value for n, a in decided.answers.items()}
+    assert_one_line_error(code, err, "3 of 5 lines could not be answered")
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--state", "x"], ["expected questions", "but got none"]),
+        (["--state", "x", "--choice", "team"], ["--choice: expected NAME=..., but got 'team'"]),
+        (["--state", "x", "--choice", "team=a"], ["--choice team: expected at least two comma-separated values"]),
+        (["--state", "x", "--noul", "a=b?", "--noul", "a=c?"], ["'a' is asked twice"]),
+        (["--state", "x", "--questions", "Q"], ["questions[0].type: expected"]),
+    ],
+)
+def test_decide_refuses_bad_questions_before_loading_the_model(capsys, tmp_path, monkeypatch, argv, needles):
+    from pcd_engine.tools.cli import common
+
+    bad = tmp_path / "q.json"
+    bad.write_text(json.dumps([{"name": "a", "type": "riddle", "instructions": "?"}]), encoding="utf-8")
+    monkeypatch.setattr(common, "load_engine", lambda args: pytest.fail("the model loaded before the check"))
+    code, _, err = run(capsys, "decide", "default", *[str(bad) if a == "Q" else a for a in argv])
+    assert_one_line_error(code, err, *needles)
+
+
 def test_run_json_is_the_full_result(capsys, tiny, tmp_path):
     schema = tmp_path / "s.json"
     schema.write_text(json.dumps(TICKET_SCHEMA))

@@ -96,11 +96,7 @@ def _wire_question(raw: Any, where: str) -> tuple[str, Question]:
         HTTPError: 400 naming the part of the question at fault.
     """
     try:
-        kind = wire_type("decisions", raw.get("type") if isinstance(raw, dict) else None, where=where)
-        name = raw.get("name")
-        if not isinstance(name, str) or not name:
-            raise QuestionError(f"{where}.name: expected a non-empty string.", param=f"{where}.name")
-        return name, Question.from_wire(kind, "decisions", raw, where)
+        return Question.named_from_decisions(raw, where)
     except QuestionError as exc:
         raise HTTPError(400, "invalid_request", str(exc), param=exc.param) from None
 
