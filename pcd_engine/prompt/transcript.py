@@ -188,7 +188,7 @@ def content_text(content: Any, *, where: str) -> str:
     return json.dumps(plain_json(content, where), ensure_ascii=False)
 
 
-def openai_conversation(messages: Any, *, where: str) -> Conversation:
+def openai_conversation(messages: Any, *, where: str, other_roles_as: str | None = None) -> Conversation:
     """OpenAI Chat Completions messages (``{"role", "content"}``; an assistant's ``tool_calls``, a tool's
     ``tool_call_id``) as a :class:`Conversation`. ``developer`` is a system turn; content is text, text parts or
     JSON; a call's arguments are a JSON object or its text.
@@ -196,6 +196,8 @@ def openai_conversation(messages: Any, *, where: str) -> Conversation:
     Args:
         messages: One message or a non-empty list of them.
         where: What the messages are, for error messages (``"messages"``, ``"state"``).
+        other_roles_as: The role a message of any other role is read as (a framework's own roles; ``None``:
+            refused).
 
     Raises:
         ContextError: If a message is not an object with a known role, or its content is not text (media
@@ -207,7 +209,8 @@ def openai_conversation(messages: Any, *, where: str) -> Conversation:
     turns = []
     for i, m in enumerate(listed):
         at = f"{where}[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in OPENAI_ROLES:
+        known = isinstance(m, dict) and m.get("role") in OPENAI_ROLES
+        if not isinstance(m, dict) or (not known and other_roles_as is None):
             got = m.get("role") if isinstance(m, dict) else type(m).__name__
             raise ContextError(f"Conversation: expected {at}.role in {sorted(OPENAI_ROLES)}, but got {got!r}.")
         content = m.get("content")
@@ -215,7 +218,7 @@ def openai_conversation(messages: Any, *, where: str) -> Conversation:
         if content is None and not calls:
             raise ContextError(f"Conversation: expected {at}.content to be text, but got None.")
         text = "" if content is None else content_text(content, where=f"{at}.content")
-        role = OPENAI_ROLES[m["role"]]
+        role = OPENAI_ROLES[m["role"]] if known else str(other_roles_as)  # Turn checks it is a role
         if role == "tool":
             answers = m.get("tool_call_id")
             turns.append(Turn("tool", text, answers=None if answers is None else str(answers), tool=m.get("name")))

@@ -32,8 +32,6 @@ __all__ = [
 ]
 
 METHODS = ("json_schema", "function_calling", "json_mode")
-TURN_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
-"""The roles of LangChain's OpenAI form that pcd reads as such; any other (a ``ChatMessage``'s own) is a user's."""
 
 
 def message_text(message: BaseMessage) -> str:
@@ -51,9 +49,7 @@ def conversation(messages: Sequence[BaseMessage]) -> Conversation:
     Raises:
         ContextError: If a message holds media: pcd reads text.
     """
-    converted = convert_to_openai_messages(list(messages))
-    turns = [m if m.get("role") in TURN_ROLES else {**m, "role": "user"} for m in converted]
-    return openai_conversation(turns, where="messages")
+    return openai_conversation(convert_to_openai_messages(list(messages)), where="messages", other_roles_as="user")
 
 
 def is_typeddict(schema: Any) -> bool:

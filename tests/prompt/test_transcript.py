@@ -138,6 +138,13 @@ def test_what_is_not_a_conversation_is_refused_by_name(messages, words):
         openai_conversation(messages, where="m")
 
 
+def test_a_frameworks_own_roles_read_as_the_role_it_names():
+    critic = [{"role": "critic", "content": "Meh."}]
+    assert openai_conversation(critic, where="m", other_roles_as="user").turns == (Turn("user", "Meh."),)
+    with pytest.raises(ContextError, match=r"expected m\[0\]\.role in .*, but got 'critic'"):
+        openai_conversation(critic, where="m")
+
+
 def test_a_turn_has_one_of_four_roles():
     with pytest.raises(ContextError, match=r"expected a turn's role in \['system', 'user', 'assistant', 'tool'\]"):
         Turn("developer", "x")
