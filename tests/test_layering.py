@@ -3,7 +3,7 @@ alike): one rule per layer of ``pcd_engine``.
 
 The layers, bottom to top (each may import the layers below it and itself, nothing above):
 
-``errors``, ``lru`` < ``trees`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
+``errors``, ``lru``, ``jsonl`` < ``trees`` < ``backends`` < ``models`` < ``schema`` < ``calibrate.estimators`` <
 ``calibrate.fitted`` < ``calibrate.calibrator`` < ``heads.gates`` < ``heads.fields`` <
 ``heads.head`` < ``heads`` < ``deciders`` < ``limits`` < ``options`` < ``prompt`` < ``decide`` < ``calibrate`` <
 ``generate`` < ``result`` < ``run`` < ``engine`` < ``tool_calls`` < ``questions`` < ``tagging`` < ``tools``;
@@ -27,6 +27,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pcd_engine"
 LAYERS = [
     "errors",
     "lru",
+    "jsonl",
     "trees",
     "backends",
     "models",

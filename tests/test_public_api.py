@@ -37,6 +37,7 @@ EXPECTED_ENGINE = [
     "PromptFormat",
     "Question",
     "QuestionAnswer",
+    "QuestionError",
     "RequestCancelled",
     "RequestLimits",
     "RequestTimeout",

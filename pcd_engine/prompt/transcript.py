@@ -37,6 +37,7 @@ __all__ = [
     "media_refusal",
     "openai_conversation",
     "plain_json",
+    "responses_input",
     "tool_result_text",
 ]
 
@@ -225,6 +226,36 @@ def openai_conversation(messages: Any, *, where: str, other_roles_as: str | None
         else:
             turns.append(Turn(role, text, calls))
     return Conversation(tuple(turns))
+
+
+def responses_input(raw: Any, *, where: str = "input") -> list[dict[str, Any]]:
+    """Responses API input (a string: one user turn; or items: messages, ``function_call`` and
+    ``function_call_output``) as the Chat Completions messages :func:`openai_conversation` reads.
+
+    Raises:
+        ContextError: For an item of a kind pcd cannot read (reasoning, hosted tool calls, ...), naming it.
+    """
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if not isinstance(raw, list):
+        raise ContextError(f"Conversation: expected {where} to be a string or a list of items, but got {raw!r}.")
+    out: list[dict[str, Any]] = []
+    for i, item in enumerate(raw):
+        kind = item.get("type", "message") if isinstance(item, dict) else type(item).__name__
+        if kind == "message":
+            out.append({"role": item.get("role"), "content": item.get("content")})
+        elif kind == "function_call":
+            function = {"name": item.get("name"), "arguments": item.get("arguments")}
+            call = {"id": item.get("call_id"), "function": function}
+            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": item.get("output")})
+        else:
+            raise ContextError(
+                f"Conversation: expected {where}[{i}] to be a message, function_call or function_call_output item, "
+                f"but got {kind!r}."
+            )
+    return out
 
 
 def is_openai_message(value: Any) -> bool:

@@ -100,6 +100,18 @@ class QuestionType(ABC):
         """The expected level (a score question's); ``None`` for the other kinds."""
         return None
 
+    def expected(self, question: Question, raw: Any, where: str) -> LabelValue:
+        """An expected answer as a decision case or an outcome gives it, as one of the field's values.
+
+        Raises:
+            QuestionError: If it names no answer of the question (naming ``where``).
+        """
+        values = self.values(question)
+        found = next((v for v in values if v == raw and type(v) is type(raw)), None)
+        if found is None:
+            raise QuestionError(f"{where}: expected one of {list(values)}, but got {raw!r}.", param=where)
+        return found
+
     @abstractmethod
     def from_decisions(self, raw: Mapping[str, Any], where: str) -> Parts:
         """A ``/v1/decisions`` question of this type: its labels and descriptions.
@@ -140,6 +152,14 @@ class YesNo(QuestionType):
 
     def yes(self, probabilities: Mapping[LabelValue, float]) -> float | None:
         return probabilities[True]
+
+    def expected(self, question: Question, raw: Any, where: str) -> LabelValue:
+        """``true``/``false``, ``1``/``0`` or ``"yes"``/``"no"`` (any case)."""
+        spelled = raw.strip().lower() if isinstance(raw, str) else raw
+        for value, names in ((True, (True, 1, "true", "yes")), (False, (False, 0, "false", "no"))):
+            if any(spelled == n and type(spelled) is type(n) for n in names):
+                return value
+        raise QuestionError(f"{where}: expected true or false (or 1 or 0), but got {raw!r}.", param=where)
 
     def from_decisions(self, raw: Mapping[str, Any], where: str) -> Parts:
         return (), (None, None)
@@ -232,6 +252,20 @@ class Score(QuestionType):
 
     def score(self, probabilities: Mapping[LabelValue, float]) -> float | None:
         return sum(i * p for i, p in enumerate(probabilities.values()))  # the levels are 0 .. n-1, in order
+
+    def expected(self, question: Question, raw: Any, where: str) -> LabelValue:
+        """A level's number (``0 .. n-1``), or its name: its text, or the label before its ``": "``."""
+        levels = question.descriptions
+        if isinstance(raw, int) and not isinstance(raw, bool) and 0 <= raw < len(levels):
+            return raw
+        if isinstance(raw, str):
+            for i, level in enumerate(levels):
+                if level is not None and raw.strip() in (level, level.split(": ", 1)[0]):
+                    return i
+        raise QuestionError(
+            f"{where}: expected a level 0 to {len(levels) - 1} or one of its names {list(levels)}, but got {raw!r}.",
+            param=where,
+        )
 
     def from_decisions(self, raw: Mapping[str, Any], where: str) -> Parts:
         levels = []

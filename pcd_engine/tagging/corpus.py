@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pcd_engine.errors import InputError, PCDError, pip_install, require
+from pcd_engine.errors import InputError, pip_install, require
+from pcd_engine.jsonl import json_lines
 
-__all__ = ["FORMATS", "CorpusDocument", "check_unique", "json_lines", "read_corpus", "read_records"]
+__all__ = ["FORMATS", "CorpusDocument", "check_unique", "read_corpus", "read_records"]
 
 FORMATS = ("jsonl", "csv", "parquet", "folder")
 """The input layouts :func:`read_corpus` reads."""
@@ -72,29 +73,6 @@ def _missing_column(path: Path, column: str, available: list[str], what: str) ->
     return InputError(
         f"Input {str(path)!r}: expected a {what} column {column!r}, but the columns are {sorted(available)}."
     )
-
-
-def json_lines(
-    path: Path, *, what: str = "Input", error: type[PCDError] = InputError
-) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The JSON objects of a JSON-lines file with where each came from (``file:LINE``); blank lines are skipped.
-
-    Raises:
-        PCDError: ``error`` (an :class:`~pcd_engine.errors.InputError` by default), naming ``what`` and the line,
-            for a line that is not a JSON object.
-    """
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise error(f"{what} {where}: expected a JSON object per line, but got bad JSON ({exc.msg}).") from None
-            if not isinstance(row, dict):
-                raise error(f"{what} {where}: expected a JSON object per line, but got {type(row).__name__}.")
-            yield where, row
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:

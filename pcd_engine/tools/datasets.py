@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pcd_engine.errors import DatasetError, pip_install, require
-from pcd_engine.tagging.corpus import json_lines
+from pcd_engine.jsonl import json_lines
 
 __all__ = [
     *("LabelledText", "Metrics", "agreement", "bbc_news_path", "classification_metrics", "load_dataset"),

@@ -22,7 +22,9 @@ from pcd_engine import (
     Decisions,
     Engine,
     ExtractOptions,
+    Head,
     Question,
+    QuestionError,
     SchemaError,
     content_text,
     decide_questions,
@@ -161,6 +163,43 @@ class PCDDecisionModel(BaseDecisionModel):
             ("PCDDecisionModel options", self.options), temperature=self.temperature, timeout=self.timeout,
             calibration=self.calibration, head=self.head,
         )  # fmt: skip
+
+    def fit(
+        self, questions: Mapping[str, Any], examples: Sequence[tuple[Any, Mapping[str, Any]]], **kwargs: Any
+    ) -> Head:
+        """Fit a decision head for ``questions`` from labelled states, with this model's options (its own head
+        aside), gated as :meth:`pcd_engine.Head.fit` gates it; serve it with ``PCDDecisionModel(head=head)``, or
+        save it for ``pcd serve --head NAME=FILE``.
+
+        Args:
+            questions: LangChain's questions by id (``Noul``, ``Choice``, ``Score``), as requests will ask them.
+            examples: ``(state, {id: expected answer})`` pairs: a ``Choice``'s label, a ``Noul``'s ``True`` /
+                ``False`` (or 1 / 0, ``"yes"`` / ``"no"``), a ``Score``'s level (0 .. n-1) or its criterion; a
+                question an example leaves out is not used for it.
+            **kwargs: :meth:`pcd_engine.Head.fit`'s options (``c``, ``require_better``, ``progress``, ``seed``).
+
+        Returns:
+            The head, with its gates (:attr:`pcd_engine.Head.gates`).
+
+        Raises:
+            SchemaError: For a question pcd cannot ask.
+            QuestionError: For an expected answer its question cannot give (naming the example and question).
+            ContextError: For a state that cannot be read.
+            OptionError: As :meth:`pcd_engine.Head.fit` raises it.
+        """
+        asked = engine_questions(questions)
+        labelled = []
+        for i, (state, expected) in enumerate(examples):
+            answers = {}
+            for name, raw in expected.items():
+                if name not in asked:
+                    raise QuestionError(f"examples[{i}].{name}: expected a question of {list(asked)}.",
+                                        param=f"examples[{i}].{name}")  # fmt: skip
+                answers[name] = asked[name].type.expected(asked[name], raw, f"examples[{i}].{name}")
+            labelled.append((_state_text(state), answers))
+        options = surface_options(("PCDDecisionModel options", self.options), temperature=self.temperature,
+                                  calibration=self.calibration)  # fmt: skip
+        return Head.fit(self.get_engine(), questions_schema(asked), labelled, options=options, **kwargs)
 
     def decide(self, states: Sequence[Any], questions: Mapping[str, Any]) -> list[Decisions | Exception]:
         """The engine's :class:`~pcd_engine.Decisions` (answers with their evidence) for every state, in ONE

@@ -12,7 +12,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "pcd_engine"
 # The packages that own decision heads and what decides with them.
 OWNERS = ("heads/", "deciders/", "calibrate/")
 # Outside them, the identifiers that say "head", each naming a decision head (or the option that carries one).
-DECISION_HEAD_NAMES = {"Head", "head", "_head", "headed", "HEADED_KINDS"}
+DECISION_HEAD_NAMES = {"Head", "head", "_head", "headed", "HEADED_KINDS", "heads", "ServedHead", "served_heads",
+                       "_refuse_head"}  # fmt: skip
 # Other words that merely contain the letters: HTTP headers, "ahead", and requests' HTTP HEAD.
 NOT_THE_WORD = re.compile(r"header|ahead|^attention_heads$", re.IGNORECASE)
 

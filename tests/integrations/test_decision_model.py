@@ -250,3 +250,37 @@ def test_yes_no_and_score_read_from_the_engine_field(tiny_engine):
     assert lvl.score == pytest.approx(sum(i * p for i, p in enumerate(lvl.field.label_distribution)))
     assert lvl.yes is None
     assert lvl.value == max(range(3), key=lambda i: lvl.field.label_distribution[i])
+
+
+def test_fit_makes_the_head_of_the_questions_as_langchain_asks_them(model, tiny_engine):
+    """``PCDDecisionModel.fit`` reads LangChain states and each type's expected answers as the engine's fields and
+    fits the same head as :meth:`Head.fit` on :func:`questions_schema` of the same questions; a model given it
+    decides with it."""
+    from langchain_core.messages import HumanMessage
+
+    from pcd_engine import Head, decide_questions
+    from pcd_engine.errors import QuestionError
+    from pcd_integrations.langchain.decision_model import engine_questions
+
+    examples = [
+        (TICKET, {"refund": True, "team": "billing and payments", "anger": 2}),
+        ([HumanMessage("The app crashes on login.")], {"refund": "no", "team": "technical support", "anger": 1}),
+        ("What does the premium plan cost?", {"refund": 0, "team": "sales", "anger": "Calm."}),
+        ("Charge me back for the double fee.", {"refund": 1, "team": "billing and payments"}),
+    ]
+    head = model.fit(QUESTIONS, examples)
+    asked = engine_questions(QUESTIONS)
+    plain = [
+        (TICKET, {"refund": True, "team": "billing and payments", "anger": 2}),
+        ("The app crashes on login.", {"refund": False, "team": "technical support", "anger": 1}),
+        ("What does the premium plan cost?", {"refund": False, "team": "sales", "anger": 0}),
+        ("Charge me back for the double fee.", {"refund": True, "team": "billing and payments"}),
+    ]
+    assert head == Head.fit(tiny_engine, questions_schema(asked), plain)
+    assert [g.field for g in head.gates] == ["refund", "team", "anger"]
+    fitted = PCDDecisionModel(engine=tiny_engine, head=head)
+    got = fitted.invoke({"state": TICKET, "questions": QUESTIONS}).answers
+    want = decide_questions(tiny_engine, [TICKET], asked, options={"head": head})[0].answers
+    assert got["team"].probabilities == pytest.approx(dict(want["team"].probabilities), abs=1e-9)
+    with pytest.raises(QuestionError, match=r"examples\[1\]\.team: expected one of"):
+        model.fit(QUESTIONS, [(TICKET, {"team": "sales"}), (TICKET, {"team": "shipping"})])

@@ -725,6 +725,42 @@ def test_pcd_serve_process_answers_the_openai_client_over_https(tiny, tmp_path):
     assert f"on https://127.0.0.1:{port}/" in err.decode()
 
 
+def test_serve_serves_fitted_heads_by_name(capsys, tiny, monkeypatch, tmp_path):
+    """``pcd fit --decisions`` then ``pcd serve --head NAME=FILE --shadow NAME=FILE --log``: the app serves the
+    head by name with its shadow; a bad spec is one line, and a shadow without a log is refused before the model
+    loads."""
+    pytest.importorskip("uvicorn")
+    import uvicorn
+
+    from pcd_engine.tools.cli import common
+
+    questions = {"urgent": {"type": "noul", "instructions": "Is this urgent?"}}
+    cases = [{"state": f"Ticket {n}: {'now!' if n % 2 else 'whenever.'}", "expected": {"urgent": bool(n % 2)}}
+             for n in range(6)]  # fmt: skip
+    cases[0]["questions"] = questions
+    (tmp_path / "cases.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cases), encoding="utf-8")
+    head = tmp_path / "urgent.head.json"
+    code, out, err = run(capsys, "fit", tiny, "--decisions", str(tmp_path / "cases.jsonl"), "-o", str(head), "-q")
+    assert code == 0, err
+    assert "head of 'Decisions'" in out and "(6 labelled documents)" in out
+    seen = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: seen.update(app=app, **kwargs))
+    code, _, err = run(capsys, "serve", tiny, "--backend", "torch", "--head", f"urgent={head}", "--shadow",
+                       f"urgent={head}", "--log", str(tmp_path / "log.jsonl"))  # fmt: skip
+    assert code == 0, err
+    served = seen["app"].state.server.heads["urgent"]
+    assert served.path == str(head.resolve()) and served.shadow_path == str(head.resolve())
+    assert f"serving head {head.resolve()} as model 'urgent', shadowed by" in err
+    code, _, err = run(capsys, "serve", tiny, "--backend", "torch", "--head", "urgent")
+    assert_one_line_error(code, err, "--head 'urgent': expected NAME=FILE or a folder of heads")
+    monkeypatch.setattr(common, "load_engine", lambda args: pytest.fail("the model loaded before the check"))
+    code, _, err = run(capsys, "serve", tiny, "--head", f"urgent={head}", "--shadow", f"urgent={head}")
+    assert_one_line_error(code, err, "--shadow: expected --log too")
+    code, _, err = run(capsys, "fit", tiny, "--decisions", str(tmp_path / "cases.jsonl"), "--schema", "s.json",
+                       "-o", str(head))  # fmt: skip
+    assert_one_line_error(code, err, "--decisions: expected it alone", "--schema")
+
+
 @pytest.mark.parametrize(
     ("flags", "needles"),
     [

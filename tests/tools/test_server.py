@@ -354,7 +354,7 @@ def test_a_logged_server_takes_outcomes_and_pcd_fit_reads_them(tiny_folder, tiny
     stray = logged.post("/api/extract", json={"schema": other, "context": "Fine."}).json()["id"]
     assert logged.post("/api/outcomes", json={"id": stray, "values": {"ok": True}}).status_code == 200
     for bad, status, needle in [
-        ({"id": "dec-nope", "values": {"sentiment": "POSITIVE"}}, 404, "expected an id that /api/extract returned"),
+        ({"id": "dec-nope", "values": {"sentiment": "POSITIVE"}}, 404, "the id of a decision this server logged"),
         ({"id": stray, "values": {}}, 400, "values"),
         ({"values": {"ok": True}}, 400, "id"),
     ]:

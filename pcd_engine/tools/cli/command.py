@@ -1,4 +1,4 @@
-"""The ``pcd`` command: models, check, run, decide, bench, eval, calibrate, fit, tag and serve.
+"""The ``pcd`` command: models, check, run, decide, bench, eval, calibrate, fit, promote, tag and serve.
 
 ``main(argv)`` parses with :func:`build_parser`, runs one sub-command and returns its exit code. Every error pcd
 raises on purpose (and a missing or unreadable file, bad JSON) becomes one line on stderr and exit code 1; usage
@@ -13,20 +13,20 @@ import sys
 from collections.abc import Sequence
 
 from pcd_engine.errors import PCDError
-from pcd_engine.tools.cli import bench, calibrate, check, decide, eval, fit, models, run, serve, tag
+from pcd_engine.tools.cli import bench, calibrate, check, decide, eval, fit, models, promote, run, serve, tag
 
 __all__ = ["build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``pcd`` argument parser with its eleven sub-commands."""
+    """The ``pcd`` argument parser with its twelve sub-commands."""
     parser = argparse.ArgumentParser(
         prog="pcd",
         description="Structured decisions from local LLMs: every label of every field decided in parallel.",
     )
     parser.add_argument("--version", action="version", version=f"pcd {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for command in (models, check, run, decide, bench, eval, calibrate, fit, tag, serve):
+    for command in (models, check, run, decide, bench, eval, calibrate, fit, promote, tag, serve):
         command.add(sub)
     return parser
 

@@ -4,7 +4,10 @@ The labelled documents come from a table: a ``.jsonl``, ``.csv`` or ``.parquet``
 column per field (named as the field; a multi-label field's cell a list of labels, or its JSON text in a CSV), or,
 with ``--labels``, the documents of ``--input`` (any ``pcd tag`` input) joined by id with a table of labels, such as a
 ``pcd tag`` output a person corrected. An empty cell leaves that field unlabelled for that document. With ``--log``,
-they are the requests a ``pcd serve --log`` server answered and got outcomes for (``POST /api/outcomes``).
+they are the requests a ``pcd serve --log`` server decided and got outcomes for (``POST /api/outcomes``), of the
+schema given, or of the one schema or question set they share (``--served NAME``: those that named a served head).
+With ``--decisions``, they are decision cases (requests of ``/v1/systemone`` or ``/v1/decisions`` with ``expected``
+answers, :mod:`pcd_engine.questions.cases`), and the head is the head of their questions.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pcd_engine.schema import FieldSpec, Schema
 from pcd_engine.tools.cli import common
 from pcd_engine.tools.terminal import chunk_sizes, progress, show_table
 
-__all__ = ["add", "cmd_fit", "labelled_examples"]
+__all__ = ["add", "cmd_fit", "fit_examples", "labelled_examples"]
 
 
 def add(sub: Any) -> None:
@@ -32,7 +35,12 @@ def add(sub: Any) -> None:
     p.add_argument("--input", default=None, help="labelled documents (.jsonl, .csv, .parquet), or with --labels any "
                    "pcd tag input")  # fmt: skip
     p.add_argument("--log", default=None, metavar="LOG.jsonl", help="instead of --input: a pcd serve --log file's "
-                   "requests that have outcomes")  # fmt: skip
+                   "requests that have outcomes (their schema, unless --schema names one)")  # fmt: skip
+    p.add_argument("--served", default=None, metavar="NAME", help="with --log: the requests that named this served "
+                   "head")  # fmt: skip
+    p.add_argument("--decisions", default=None, metavar="CASES.jsonl", help="instead of --input and --schema: "
+                   "decision cases (a /v1/systemone or /v1/decisions request with 'expected' answers "
+                   "per line)")  # fmt: skip
     p.add_argument(
         "--labels", default=None, metavar="TABLE", help="a table of labels by id (a corrected pcd tag output)"
     )
@@ -55,8 +63,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
         raise InputError(f"Output {args.output!r}: expected a file path in an existing folder.")
-    schema = common.read_schema(args)
-    examples = labelled_examples(args, schema)
+    schema, examples = fit_examples(args)
     options = common.extract_options(args)
     engine = common.load_engine(args)
     sizes = chunk_sizes(len(examples), FIT_CHUNK)
@@ -64,7 +71,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         head = Head.fit(engine, schema, examples, fields=args.field, options=options, progress=tick,
                         require_better=args.require_better)  # fmt: skip
     path = head.save(output)
-    print(f"head of {schema.title!r} for {engine.model_id} ({len(examples)} labelled documents): {path}")
+    folded = max((g.folded for g in head.gates), default=0)
+    copies = f", {folded} copies folded" if folded else ""
+    print(f"head of {schema.title!r} for {engine.model_id} ({len(examples)} labelled documents{copies}): {path}")
     show_table(
         ("field", "held out", "head accuracy", "model's accuracy", "gain, points (95% interval)", "head macro-F1 / ECE",
          "better"),
@@ -73,6 +82,45 @@ def cmd_fit(args: argparse.Namespace) -> int:
           f"{g.head.macro_f1:.2f} / {g.head.ece:.2f}", "yes" if g.better else "no") for g in head.gates],
     )  # fmt: skip
     return 0
+
+
+def fit_examples(args: argparse.Namespace) -> tuple[Schema, list[tuple[str, Any]]]:
+    """The schema and the labelled examples ``pcd fit`` reads: decision cases (``--decisions``), a log's requests
+    with outcomes (``--log``, its schema unless ``--schema`` or ``--preset`` names one), or a table
+    (:func:`labelled_examples`); all read before the model loads.
+
+    Raises:
+        OptionError: For sources given together, or ``--served`` without ``--log``.
+        InputError: If a source cannot be read or holds no labelled examples.
+    """
+    from pcd_engine.questions import read_decision_cases
+    from pcd_engine.tools.serve.outcomes import logged_examples
+
+    if args.served is not None and args.log is None:
+        raise OptionError("--served: expected it with --log (it picks a served head's requests from a log).")
+    if args.decisions is not None:
+        given = [f for f, v in (("--schema", args.schema), ("--preset", args.preset), ("--input", args.input),
+                                ("--log", args.log), ("--labels", args.labels)) if v]  # fmt: skip
+        if given:
+            raise OptionError(f"--decisions: expected it alone (its cases carry their questions), but got {given[0]} "
+                              "too.")  # fmt: skip
+        cases = read_decision_cases(args.decisions)
+        examples = [(text, dict(expected)) for text, expected in cases.examples]
+        return cases.schema, examples[: args.limit] if args.limit else examples
+    if args.log is not None and not (args.schema or args.preset):
+        if args.input is not None:
+            raise OptionError("pcd fit: expected exactly one of --input and --log.")
+        schema, found = logged_examples(args.log, served=args.served)
+    else:
+        schema = common.read_schema(args)
+        if args.log is None:
+            return schema, labelled_examples(args, schema)
+        if args.input is not None:
+            raise OptionError("pcd fit: expected exactly one of --input and --log.")
+        found = logged_examples(args.log, schema, served=args.served)[1]
+    if not found:
+        raise InputError(f"Log {args.log!r}: expected requests of {schema.title!r} with outcomes, but found none.")
+    return schema, found[: args.limit] if args.limit else found
 
 
 def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[str, dict[str, Any]]]:
@@ -84,15 +132,9 @@ def labelled_examples(args: argparse.Namespace, schema: Schema) -> list[tuple[st
     """
     from pcd_engine.heads.head import HEADED_KINDS
     from pcd_engine.tagging.corpus import read_corpus, read_records
-    from pcd_engine.tools.serve.outcomes import logged_examples
 
-    if (args.input is None) == (args.log is None):
-        raise OptionError("pcd fit: expected exactly one of --input and --log.")
-    if args.log is not None:
-        found = logged_examples(args.log, schema)
-        if not found:
-            raise InputError(f"Log {args.log!r}: expected requests of {schema.title!r} with outcomes, but found none.")
-        return found[: args.limit] if args.limit else found
+    if args.input is None:
+        raise OptionError("pcd fit: expected one of --input, --log and --decisions.")
     headed = {s.name: s for s in schema.fields if s.kind in HEADED_KINDS and len(s.labels) > 1}
     rows: list[tuple[str, Any, Mapping[str, Any]]] = []  # (where, text, row)
     if args.labels is None:

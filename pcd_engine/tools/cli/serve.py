@@ -8,7 +8,7 @@ import ssl
 import sys
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import BackendUnavailableError, InputError, check_count, pip_install
+from pcd_engine.errors import BackendUnavailableError, InputError, OptionError, check_count, pip_install
 from pcd_engine.limits import SERVER_LIMITS, SERVER_MAX_NEW_TOKENS, RequestLimits
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import check_batch_size
@@ -73,8 +73,12 @@ def add(sub: Any) -> None:
         help="decide extractions arriving within MS milliseconds of each other in one batch (default: 5; -1: never)",
     )
     p.add_argument("--max-batch", type=int, default=None, help="the most extractions in one batch (default: engine's)")
-    p.add_argument("--log", default=None, metavar="LOG.jsonl", help="append /api/extract requests and the outcomes "
-                   "POST /api/outcomes reports (pcd fit --log reads them)")  # fmt: skip
+    p.add_argument("--log", default=None, metavar="LOG.jsonl", help="append every decided request and the outcomes "
+                   "POST /api/outcomes reports (pcd fit --log and pcd promote read them)")  # fmt: skip
+    p.add_argument("--head", action="append", default=[], metavar="NAME=FILE", help="serve a fitted head as model "
+                   "NAME (repeatable; a folder serves each NAME.head.json in it)")  # fmt: skip
+    p.add_argument("--shadow", action="append", default=[], metavar="NAME=FILE", help="decide with this candidate "
+                   "head beside head NAME and log its decision (needs --log; pcd promote compares them)")  # fmt: skip
     p.add_argument("--ssl-certfile", default=None, metavar="CERT.pem",
                    help="serve HTTPS with this certificate (its chain after it); with --ssl-keyfile")  # fmt: skip
     p.add_argument("--ssl-keyfile", default=None, metavar="KEY.pem", help="the certificate's private key")
@@ -112,6 +116,7 @@ def tls_files(args: argparse.Namespace) -> tuple[str, str, str | None] | None:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from pcd_engine.tools.serve import create_app, header_timeout_protocol
+    from pcd_engine.tools.serve.served import served_heads
 
     try:
         import uvicorn
@@ -126,6 +131,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_batch_size(args.max_batch)  # before the model loads
     tls = tls_files(args)
     check_count(args.max_new_tokens, "pcd serve --max-new-tokens")
+    if args.shadow and not args.log:
+        raise OptionError("--shadow: expected --log too (a shadow's decisions go to the log), but got no --log.")
     api_key = args.api_key or os.environ.get("PCD_API_KEY") or None
     loopback = args.host in ("localhost", "127.0.0.1", "::1")
     if not loopback and not api_key:
@@ -139,6 +146,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     given = None if args.model in ("default", DEFAULT_MODEL) else args.model
     resolved = resolve_model(given, backend=engine.backend.name, dtype=args.dtype)
+    aliases = model_names(args.model, resolved)  # every name `pcd models` lists for it
+    heads = served_heads(args.head, args.shadow, model_id=engine.model_id,
+                         taken=[args.name or args.model, *aliases, "default"])  # fmt: skip
     app = create_app(
         engine,
         model_name=args.name or args.model,
@@ -147,16 +157,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         body_timeout_s=args.body_timeout,
         host=args.host,
         allowed_hosts=args.allow_host,
-        aliases=model_names(args.model, resolved),  # every name `pcd models` lists for it
+        aliases=aliases,
         api_key=api_key,
         cors_origins=args.cors_origin,
         batch_window_ms=None if args.batch_window < 0 else args.batch_window,
         max_batch=args.max_batch,
         log=args.log,
+        heads=heads,
     )
     if not args.quiet:
         scheme = "http" if tls is None else "https"
         print(f"pcd: serving {args.model} on {scheme}://{args.host}:{args.port}/ (OpenAI API at /v1)", file=sys.stderr)
+        for name, served in heads.items():
+            shadow = f", shadowed by {served.shadow_path}" if served.shadow_path else ""
+            print(f"pcd: serving head {served.path} as model {name!r}{shadow}", file=sys.stderr)
     uvicorn.run(
         app,
         host=args.host,

@@ -32,7 +32,7 @@ from pcd_engine.tools.serve.models import (
     SystemOneRequest,
     parse_body,
 )
-from pcd_engine.tools.serve.server import Server
+from pcd_engine.tools.serve.server import DECISION_ID_HEADER, Server
 
 __all__ = [
     "Answer",
@@ -41,6 +41,7 @@ __all__ = [
     "read_request",
     "conversation",
     "decide",
+    "decision_headers",
     "extract_options",
     "function_tool",
     "respond",
@@ -84,6 +85,8 @@ class Ask:
         schema: The JSON Schema of a ``json_schema`` answer.
         stop: Stop strings of free text.
         params: The route's names of its fields (``tool_choice``, ``format``, ``tools``), for error messages.
+        model: The model the request names (a served head's name decides its schema with that head).
+        route: The route, as the log names it.
     """
 
     conversation: Conversation
@@ -96,6 +99,8 @@ class Ask:
     schema: dict[str, Any] | None = None
     stop: list[str] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
+    model: Any = None
+    route: str = ""
 
     def param(self, name: str) -> str:
         """The route's name of a field."""
@@ -174,6 +179,7 @@ async def _respond(server: Server, request: Request, ask: Ask) -> Answer:
         schema, rest = found
         answer = await _scored(server, request, replace(ask, schema=schema, conversation=rest))
         return replace(answer, pcd={**(answer.pcd or {}), "schema_source": "prompt"})
+    _refuse_head(server, ask, "free text and JSON objects")
     if ask.format == "json_object":
         reply = await run_in_threadpool(
             json_chat,
@@ -190,7 +196,12 @@ async def _respond(server: Server, request: Request, ask: Ask) -> Answer:
 
 
 def text_chunks(server: Server, ask: Ask) -> Iterator[TextChunk]:
-    """The free-text reply, chunk by chunk (for routes that stream it as it is written)."""
+    """The free-text reply, chunk by chunk (for routes that stream it as it is written).
+
+    Raises:
+        HTTPError: 400 when the request names a served head (free text comes from the base model).
+    """
+    _refuse_head(server, ask, "free text and JSON objects")
     return stream_chat(
         server.engine,
         ask.messages,
@@ -209,6 +220,7 @@ async def decide(server: Server, request: Request, ask: Ask) -> Answer | None:
     """
     if not ask.tools:
         return None
+    _refuse_head(server, ask, "tool calls")
     try:
         choice = choice_of(ask.tool_choice, [t.name for t in ask.tools])
     except OptionError as exc:
@@ -240,12 +252,33 @@ async def _scored(server: Server, request: Request, ask: Ask) -> Answer:
         compiled = compile_schema(ask.schema)
     except SchemaError as exc:
         raise HTTPError(400, "unsupported_schema", str(exc), param=ask.param("format")) from None
-    document = ask.document
-    result = await server.extract(request, document, compiled, ask.options)
+    decided = await server.decide(request, ask.document, compiled, ask.options, route=ask.route, model=ask.model)
+    result = decided.result
     content = json.dumps(result.values, ensure_ascii=False)
     written = len(server.engine.tokenizer.encode(content))
     pcd = {k: v for k, v in result.to_json().items() if k != "values"}
+    if decided.id is not None:
+        pcd["decision_id"] = decided.id
     return Answer(content, (), "stop", result.stats.prompt_tokens, written, pcd)
+
+
+def _refuse_head(server: Server, ask: Ask, what: str) -> None:
+    """Refuse ``what`` (free text, tool calls) from a served head: a head decides its schema's fields only.
+
+    Raises:
+        HTTPError: 400 naming the model, when the request names a served head.
+    """
+    served = server.served(ask.model)
+    if served is not None:
+        message = (f"Model {served.name!r}: a fitted head answers the schema it was fitted on (a json_schema "
+                   f"answer); {what} come from the base model {server.model_name!r}.")  # fmt: skip
+        raise HTTPError(400, "invalid_request", message, param="model")
+
+
+def decision_headers(answer: Answer) -> dict[str, str]:
+    """The response headers of an answer: the logged decision's id, when it has one."""
+    ident = (answer.pcd or {}).get("decision_id")
+    return {} if ident is None else {DECISION_ID_HEADER: ident}
 
 
 # ------------------------------------------------------------------------------------------------ reading
@@ -353,7 +386,9 @@ def _check_limit(value: int | None, param: str) -> None:
         raise HTTPError(400, "invalid_request", str(exc), param=param) from None
 
 
-def extract_options(server: Server, pcd: Any, temperature: Any, reply_tokens: int) -> ExtractOptions:
+def extract_options(
+    server: Server, pcd: Any, temperature: Any, reply_tokens: int, *, model: Any = None
+) -> ExtractOptions:
     """The ``pcd`` options with OpenAI's ``temperature`` laid over them, and each open value's token limit kept
     within the reply's.
 
@@ -367,11 +402,12 @@ def extract_options(server: Server, pcd: Any, temperature: Any, reply_tokens: in
         pcd: The request's ``pcd`` options.
         temperature: OpenAI's temperature (positive: reshapes the probabilities; 0 or ``None``: the engine's).
         reply_tokens: The reply's token limit, already checked (:func:`token_limit`).
+        model: The model the request names (a served head's name adds its head).
 
     Raises:
         HTTPError: 400 for a bad option.
     """
-    options = server.client_options(pcd, where="pcd")
+    options = server.client_options(pcd, where="pcd", model=model)
     check_temperature(temperature)
     layered = surface_options(temperature=temperature).over(options)
     per_value = server.engine.resolve(layered).value_tokens

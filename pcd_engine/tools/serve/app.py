@@ -10,7 +10,7 @@ and cancelling engine work when a client goes away (:meth:`Server.run_engine`). 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pcd_engine import __version__
@@ -22,6 +22,7 @@ from pcd_engine.tools.serve.server import Server
 
 if TYPE_CHECKING:
     from pcd_engine.engine import Engine
+    from pcd_engine.tools.serve.served import ServedHead
 
 __all__ = ["LOOPBACK", "HostCheck", "KeyCheck", "create_app", "header_timeout_protocol"]
 
@@ -45,6 +46,7 @@ def create_app(
     batch_window_ms: float | None = 5.0,
     max_batch: int | None = None,
     log: str | os.PathLike[str] | None = None,
+    heads: Mapping[str, ServedHead] | None = None,
 ) -> Any:
     """Build the ASGI app around a loaded engine.
 
@@ -67,8 +69,9 @@ def create_app(
             (one pass per wave for all; see :class:`~pcd_engine.run.collector.Collector`); ``None`` decides each
             alone.
         max_batch: The most extractions in one batch; ``None`` takes the engine's batch size.
-        log: A JSON-lines file logging answered ``/api/extract`` requests (each given an ``id``) and the outcomes
-            ``POST /api/outcomes`` reports for them, which ``pcd fit --log`` reads; ``None`` refuses outcomes.
+        log: A JSON-lines file logging every decided request (:mod:`~pcd_engine.tools.serve.outcomes`) and the
+            outcomes ``POST /api/outcomes`` reports for them; ``None`` refuses outcomes.
+        heads: Fitted heads served as models by name (:mod:`~pcd_engine.tools.serve.served`).
 
     Returns:
         A FastAPI application; ``app.state.server`` is its :class:`Server`.
@@ -85,7 +88,7 @@ def create_app(
     )
     server = Server(
         engine, model_name, max_body_bytes, max_new_tokens, limits, body_timeout_s, aliases=tuple(aliases),
-        collector=collector, log=DecisionLog(log) if log is not None else None,
+        collector=collector, log=DecisionLog(log) if log is not None else None, heads=dict(heads or {}),
     )  # fmt: skip
     app = fastapi.FastAPI(title="pcd", version=__version__, docs_url="/docs", redoc_url=None)
     app.state.server = server

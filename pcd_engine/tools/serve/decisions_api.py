@@ -25,7 +25,7 @@ from pcd_engine.tools.serve.answers import read_request
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import DecisionsRequest, SystemOneRequest, documented
 from pcd_engine.tools.serve.responses_api import input_turns
-from pcd_engine.tools.serve.server import Server
+from pcd_engine.tools.serve.server import Decided, Server
 
 __all__ = ["decisions_router"]
 
@@ -44,7 +44,7 @@ def decisions_router(server: Server) -> APIRouter:
                 raise HTTPError(400, "invalid_request", f"questions[{i}].name: {name!r} is used twice.", param="name")
             asked[name] = question
         text = _text(body.input if isinstance(body.input, str) else input_turns(body.input), "input")
-        decided = await _decide(server, request, text, asked, body.pcd)
+        decided, logged = await _decide(server, request, text, asked, body, "/v1/decisions")
         levels = {raw["name"]: raw.get("levels") for raw in body.questions}
         answers = [{"name": name, **a.wire("decisions", legend=_level_labels(levels[name]))}
                    for name, a in decided.answers.items()]  # fmt: skip
@@ -52,29 +52,33 @@ def decisions_router(server: Server) -> APIRouter:
         usage.update(input_tokens_details={"cached_tokens": decided.result.stats.cached_tokens},
                      output_tokens_details={"reasoning_tokens": 0})  # fmt: skip
         reply = {"id": f"dec_{uuid.uuid4().hex[:24]}", "object": "decision", "created": int(time.time()),
-                 "model": server.model_name, "answers": answers, "usage": usage,
-                 "pcd": decided.result.evidence()}  # fmt: skip
-        return JSONResponse(reply, headers={"x-request-id": f"req_{uuid.uuid4().hex[:24]}"})
+                 "model": server.reply_name(body.model), "answers": answers, "usage": usage,
+                 "pcd": logged.evidence()}  # fmt: skip
+        return JSONResponse(reply, headers={"x-request-id": f"req_{uuid.uuid4().hex[:24]}", **logged.headers})
 
     @router.post("/v1/systemone", openapi_extra=documented(SystemOneRequest))
     async def systemone(request: Request) -> Any:
         body = await read_request(server, request, SystemOneRequest)
         asked = {name: _systemone_question(raw, f"questions.{name}") for name, raw in body.questions.items()}
-        decided = await _decide(server, request, _text(body.state, "state"), asked, body.pcd)
+        decided, logged = await _decide(server, request, _text(body.state, "state"), asked, body, "/v1/systemone")
         answers = {name: a.wire("systemone", legend=body.questions[name].get("criteria") or ())
                    for name, a in decided.answers.items()}  # fmt: skip
-        reply = {"model": server.model_name, "answers": answers, "usage": decided.usage.input_output(),
-                 "pcd": decided.result.evidence()}  # fmt: skip
-        return JSONResponse(reply, headers={"x-typesafe-request-id": f"req_{uuid.uuid4().hex[:24]}"})
+        reply = {"model": server.reply_name(body.model), "answers": answers, "usage": decided.usage.input_output(),
+                 "pcd": logged.evidence()}  # fmt: skip
+        return JSONResponse(reply, headers={"x-typesafe-request-id": f"req_{uuid.uuid4().hex[:24]}", **logged.headers})
 
     return router
 
 
-async def _decide(server: Server, request: Request, text: str, asked: dict[str, Question], pcd: Any) -> Decisions:
-    """Every question answered from one extraction, in a shared batch with the server's other requests."""
-    options = server.client_options(pcd, where="pcd")
+async def _decide(
+    server: Server, request: Request, text: str, asked: dict[str, Question], body: Any, route: str
+) -> tuple[Decisions, Decided]:
+    """Every question answered from one extraction, in a shared batch with the server's other requests (with the
+    head of the model the request names, if it names a served head), and logged."""
+    options = server.client_options(body.pcd, where="pcd", model=body.model)
     schema = questions_schema(asked)  # a SchemaError is a 400 naming the question
-    return read_decisions(await server.extract(request, text, schema, options), asked)
+    logged = await server.decide(request, text, schema, options, route=route, model=body.model)
+    return read_decisions(logged.result, asked), logged
 
 
 def _text(state: Any, param: str) -> str:

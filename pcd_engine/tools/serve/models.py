@@ -37,6 +37,7 @@ class ExtractRequest(BaseModel):
         schema_: The JSON Schema or preset dict (``schema`` in the body).
         context: The document.
         options: pcd options (see :class:`~pcd_engine.options.ExtractOptions`).
+        model: A fitted head's served name (``pcd serve --head NAME=...``) to decide with; ``None``: the model.
     """
 
     model_config = ConfigDict(populate_by_name=True)
@@ -44,6 +45,7 @@ class ExtractRequest(BaseModel):
     schema_: dict[str, Any] = Field(alias="schema", description="a JSON Schema or preset dict")
     context: str = Field(description="the document")
     options: dict[str, Any] = Field(default_factory=dict)
+    model: str | None = Field(default=None, description="a served head's name, or the model's")
 
     @field_validator("context")
     @classmethod
@@ -62,11 +64,12 @@ class OutcomeRequest(BaseModel):
     """``POST /api/outcomes``: what a logged answer should have been.
 
     Attributes:
-        id: The ``id`` that ``/api/extract`` returned for the request (``pcd serve --log``).
-        values: The right values of some of its fields, by name.
+        id: The id of a logged decision (``pcd serve --log``): ``/api/extract``'s ``id``, or any route's
+            ``x-pcd-decision-id`` header (``pcd.decision_id`` in its body).
+        values: The right values of some of its fields (for questions, answers by question name), by name.
     """
 
-    id: str = Field(description="the id /api/extract returned")
+    id: str = Field(description="a logged decision's id (the x-pcd-decision-id header)")
     values: dict[str, Any] = Field(description="the right values of some fields, by name")
 
     @field_validator("values")

@@ -39,6 +39,7 @@ from pcd_engine.tools.serve.answers import (
     check_temperature,
     conversation,
     decide,
+    decision_headers,
     extract_options,
     function_tool,
     read_request,
@@ -62,6 +63,12 @@ def openai_router(server: Server) -> APIRouter:
     @router.get("/v1/models")
     async def models() -> Any:
         entries = [{"id": n, "object": "model", "created": created, "owned_by": "pcd"} for n in server.model_names]
+        for name, served in server.heads.items():
+            head = served.head
+            about = {"base_model": server.model_name, "schema": head.schema_title, "examples": head.examples,
+                     "fields": [f.name for f in head.fields], "shadow": served.shadow is not None}  # fmt: skip
+            entries.append({"id": name, "object": "model", "created": created, "owned_by": "pcd",
+                            "pcd": {"head": about}})  # fmt: skip
         return {"object": "list", "data": entries}
 
     @router.post("/v1/chat/completions", openapi_extra=documented(ChatCompletionRequest))
@@ -72,11 +79,18 @@ def openai_router(server: Server) -> APIRouter:
         calls = decided if decided is not None and decided.calls else None
         if calls is None and body.stream and ask.format == "text":
             return await _text_stream(server, body, ask)
-        return _chat_reply(server, body, calls or await respond(server, request, ask, chosen=decided))
+        answer = calls or await respond(server, request, ask, chosen=decided)
+        reply = _chat_reply(server, body, answer)
+        reply.headers.update(decision_headers(answer))
+        return reply
 
     @router.post("/v1/completions", openapi_extra=documented(CompletionRequest))
     async def completions(request: Request) -> Any:
         body = await read_request(server, request, CompletionRequest)
+        if server.served(body.model) is not None:
+            message = (f"Model {body.model!r}: a fitted head answers the schema it was fitted on; text completions "
+                       f"come from the base model {server.model_name!r}.")  # fmt: skip
+            raise HTTPError(400, "invalid_request", message, param="model")
         return await _completion_reply(server, body)
 
     return router
@@ -180,7 +194,7 @@ def _ask(server: Server, body: ChatCompletionRequest) -> Ask:
     reply = token_limit(body.token_limit, server, param="max_tokens")
     return Ask(
         conversation=conversation(body.messages),
-        options=extract_options(server, body.pcd, body.temperature, reply),
+        options=extract_options(server, body.pcd, body.temperature, reply, model=body.model),
         max_new_tokens=reply,
         tools=tools,
         tool_choice=body.tool_choice,
@@ -189,6 +203,8 @@ def _ask(server: Server, body: ChatCompletionRequest) -> Ask:
         schema=schema,
         stop=stops(body.stop),
         params={"format": "response_format"},
+        model=body.model,
+        route="/v1/chat/completions",
     )
 
 
@@ -196,6 +212,7 @@ def _chat_reply(server: Server, body: ChatCompletionRequest, answer: Answer) -> 
     """An answer as a ``chat.completion`` (or its two-event stream): content or ``tool_calls``, the finish
     reason, the usage, and pcd's evidence in the extra field ``pcd``."""
     completion_id = _completion_id()
+    model = server.reply_name(body.model)
     usage = _usage(answer.prompt_tokens, answer.completion_tokens)
     extra = {"pcd": answer.pcd} if answer.pcd is not None else None
     calls = [
@@ -209,14 +226,14 @@ def _chat_reply(server: Server, body: ChatCompletionRequest, answer: Answer) -> 
         if calls:
             delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(calls)]
         events = [
-            _event(completion_id, server.model_name, delta, None, logprobs=logprobs),
-            _event(completion_id, server.model_name, {}, answer.finish_reason, extra),
+            _event(completion_id, model, delta, None, logprobs=logprobs),
+            _event(completion_id, model, {}, answer.finish_reason, extra),
         ]
-        return _stream_response(events, completion_id, server.model_name, usage if body.include_usage else None)
+        return _stream_response(events, completion_id, model, usage if body.include_usage else None)
     message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
     if calls:
         message["tool_calls"] = calls
-    return _completion(completion_id, server.model_name, message, answer.finish_reason, usage, extra, logprobs)
+    return _completion(completion_id, model, message, answer.finish_reason, usage, extra, logprobs)
 
 
 def field_logprobs(pcd: dict[str, Any], *, top: int) -> list[dict[str, Any]]:

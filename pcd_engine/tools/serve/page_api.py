@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
 from pcd_engine.schema import Schema, compile_schema
@@ -24,7 +24,8 @@ from pcd_engine.tools.baseline import BaselineResult, partial_pairs, stream_base
 from pcd_engine.tools.examples import EXAMPLE_PRESETS, example_preset
 from pcd_engine.tools.serve.errors import HTTPError
 from pcd_engine.tools.serve.models import BaselineRequest, ExtractRequest, OutcomeRequest, documented, parse_body
-from pcd_engine.tools.serve.server import Server
+from pcd_engine.tools.serve.outcomes import outcome_problem
+from pcd_engine.tools.serve.server import DECISION_ID_HEADER, Server
 
 __all__ = ["page_router"]
 
@@ -86,11 +87,13 @@ def page_router(server: Server) -> APIRouter:
     @router.post("/api/extract", openapi_extra=documented(ExtractRequest))
     async def extract(request: Request) -> Any:
         body = parse_body(ExtractRequest, await server.read_json(request), kinds=_KINDS)
+        server.check_model(body.model)
         compiled = compile_schema(body.schema_)
-        options = server.client_options(body.options)
-        result = await server.extract(request, body.context, compiled, options)
-        logged = {"id": server.log.record(compiled, body.context, result)} if server.log is not None else {}
-        return {**logged, **result.to_json(), "schema": field_kinds(compiled)}
+        options = server.client_options(body.options, model=body.model)
+        decided = await server.decide(request, body.context, compiled, options, route="/api/extract", model=body.model)
+        logged = {"id": decided.id} if decided.id is not None else {}
+        reply = {**logged, **decided.result.to_json(), "schema": field_kinds(compiled)}
+        return JSONResponse(reply, headers=decided.headers)
 
     @router.post("/api/outcomes", openapi_extra=documented(OutcomeRequest))
     async def outcomes(request: Request) -> Any:
@@ -98,10 +101,16 @@ def page_router(server: Server) -> APIRouter:
         if server.log is None:
             message = "Outcomes: this server keeps no log (start it with pcd serve --log FILE)."
             raise HTTPError(404, "not_found", message)
-        if not server.log.knows(body.id):
-            message = f"Outcome id {body.id!r}: expected an id that /api/extract returned."
+        schema = server.log.schema_of(body.id)
+        if schema is None:
+            message = f"Outcome id {body.id!r}: expected the id of a decision this server logged (a reply's " \
+                      f"{DECISION_ID_HEADER} header, or its pcd.decision_id)."  # fmt: skip
             raise HTTPError(404, "not_found", message, param="id")
-        server.log.outcome(body.id, body.values)
+        problem = outcome_problem(schema, body.values)
+        if problem is not None:
+            raise HTTPError(400, "invalid_request", problem[1], param=problem[0])
+        if not server.log.outcome(body.id, body.values):
+            raise HTTPError(503, "log_unwritable", f"Outcome id {body.id!r}: the log could not be written; try again.")
         return {"id": body.id, "recorded": sorted(body.values)}
 
     @router.post("/api/baseline", openapi_extra=documented(BaselineRequest))

@@ -23,12 +23,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 
+from pcd_engine.errors import ContextError
+from pcd_engine.prompt.transcript import responses_input
 from pcd_engine.result import TokenUsage
 from pcd_engine.tools.serve.answers import (
     Answer,
     Ask,
     conversation,
     decide,
+    decision_headers,
     extract_options,
     function_tool,
     read_request,
@@ -55,10 +58,11 @@ def responses_router(server: Server) -> APIRouter:
         calls = decided if decided is not None and decided.calls else None
         if calls is None and body.stream and ask.format == "text":
             return await _text_stream(server, body, ask)
-        response = _response(server, body, calls or await respond(server, request, ask, chosen=decided))
+        answer = calls or await respond(server, request, ask, chosen=decided)
+        response, headers = _response(server, body, answer), decision_headers(answer)
         if body.stream:
-            return StreamingResponse(_events(response), media_type="text/event-stream")
-        return JSONResponse(response)
+            return StreamingResponse(_events(response), media_type="text/event-stream", headers=headers)
+        return JSONResponse(response, headers=headers)
 
     return router
 
@@ -90,7 +94,7 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
     reply = token_limit(body.max_output_tokens, server, param="max_output_tokens")
     return Ask(
         conversation=conversation(turns, param="input"),
-        options=extract_options(server, body.pcd, body.temperature, reply),
+        options=extract_options(server, body.pcd, body.temperature, reply, model=body.model),
         max_new_tokens=reply,
         tools=tools,
         tool_choice=body.tool_choice,
@@ -98,36 +102,22 @@ def _ask(server: Server, body: ResponsesRequest) -> Ask:
         format=kind,
         schema=fmt.get("schema") if kind == "json_schema" else None,
         params={"format": "text.format"},
+        model=body.model,
+        route="/v1/responses",
     )
 
 
 def input_turns(raw: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Responses input items as Chat Completions messages (the shape
-    :func:`~pcd_engine.tools.serve.answers.conversation` reads).
+    """Responses input items as Chat Completions messages
+    (:func:`~pcd_engine.prompt.transcript.responses_input`).
 
     Raises:
         HTTPError: 400 for an item of a kind pcd cannot read (reasoning, hosted tool calls, ...).
     """
-    if isinstance(raw, str):
-        return [{"role": "user", "content": raw}]
-    out: list[dict[str, Any]] = []
-    for i, item in enumerate(raw):
-        kind = item.get("type", "message")
-        if kind == "message":
-            out.append({"role": item.get("role"), "content": item.get("content")})
-        elif kind == "function_call":
-            call = {
-                "id": item.get("call_id"),
-                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-            }
-            out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
-            output = item.get("output")
-            out.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": output})
-        else:
-            message = f"input[{i}]: expected a message, function_call or function_call_output item, but got {kind!r}."
-            raise HTTPError(400, "invalid_request", message, param="input")
-    return out
+    try:
+        return responses_input(raw, where="input")
+    except ContextError as exc:
+        raise HTTPError(400, "invalid_request", str(exc), param="input") from None
 
 
 def _response(
@@ -158,7 +148,7 @@ def _response(
         "status": "incomplete" if cut else "completed",
         "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
         "error": None,
-        "model": server.model_name,
+        "model": server.reply_name(body.model),
         "output": output,
         "usage": usage,
         "instructions": body.instructions,

@@ -6,6 +6,7 @@ thread that a client going away cancels). The app (:mod:`.app`) builds one and h
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 from collections.abc import Callable, Mapping
@@ -19,14 +20,41 @@ from pcd_engine.result import ExtractionResult
 from pcd_engine.run.collector import Collector
 from pcd_engine.schema import Schema
 from pcd_engine.tools.serve.errors import HTTPError
-from pcd_engine.tools.serve.outcomes import DecisionLog
+from pcd_engine.tools.serve.outcomes import DecisionLog, result_entry
+from pcd_engine.tools.serve.served import ServedHead, mismatch
 
 if TYPE_CHECKING:
     from fastapi import Request
 
     from pcd_engine.engine import Engine
 
-__all__ = ["Server"]
+__all__ = ["DECISION_ID_HEADER", "Decided", "Server"]
+
+DECISION_ID_HEADER = "x-pcd-decision-id"
+"""The response header that carries a logged decision's id (what ``POST /api/outcomes`` names)."""
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One decided request: the engine's result, and the id the log keeps it under.
+
+    Attributes:
+        result: The extraction.
+        id: The log's id for it (``None``: the server keeps no log, or the write failed).
+    """
+
+    result: ExtractionResult
+    id: str | None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response headers that say the decision's id (none without one)."""
+        return {} if self.id is None else {DECISION_ID_HEADER: self.id}
+
+    def evidence(self) -> dict[str, Any]:
+        """The result's evidence (:meth:`~pcd_engine.result.ExtractionResult.evidence`), with ``decision_id``
+        when logged."""
+        return {**self.result.evidence(), **({"decision_id": self.id} if self.id is not None else {})}
 
 
 @dataclass(frozen=True)
@@ -43,8 +71,9 @@ class Server:
         aliases: Other names requests may use for the model (``default``, the alias, the folder).
         collector: Collects concurrent extractions into shared batches (one pass per wave for all of them);
             ``None`` runs each alone.
-        log: Where answered ``/api/extract`` requests and their reported outcomes go
+        log: Where every decided request and its reported outcomes go
             (:class:`~pcd_engine.tools.serve.outcomes.DecisionLog`); ``None``: nowhere.
+        heads: Fitted decision models served by name (:class:`~pcd_engine.tools.serve.served.ServedHead`).
     """
 
     engine: Engine
@@ -56,21 +85,32 @@ class Server:
     aliases: tuple[str, ...] = ()
     collector: Collector | None = None
     log: DecisionLog | None = None
+    heads: Mapping[str, ServedHead] = dataclasses.field(default_factory=dict)
 
     @property
     def model_names(self) -> tuple[str, ...]:
-        """Every name ``/v1`` accepts for the model, the reply's name first."""
+        """Every name ``/v1`` accepts for the base model, the reply's name first."""
         return tuple(dict.fromkeys((self.model_name, *self.aliases, "default")))
 
     def check_model(self, name: Any) -> None:
-        """Accept any of :attr:`model_names` (and no model at all, as local servers do).
+        """Accept any of :attr:`model_names` and the served heads' names (and no model at all, as local servers
+        do).
 
         Raises:
             HTTPError: 404 naming the accepted names.
         """
-        if name is not None and name not in self.model_names:
-            message = f"Model {name!r}: expected one of {list(self.model_names)} (the names of the served model)."
+        if name is not None and name not in self.model_names and self.served(name) is None:
+            known = [*self.model_names, *self.heads]
+            message = f"Model {name!r}: expected one of {known} (the served model's names and its fitted heads)."
             raise HTTPError(404, "model_not_found", message, param="model")
+
+    def served(self, name: Any) -> ServedHead | None:
+        """The head served as model ``name``, or ``None`` (the base model, or no name)."""
+        return self.heads.get(name) if isinstance(name, str) else None
+
+    def reply_name(self, name: Any) -> str:
+        """The model a reply names: the served head's name when the request named one, else the model's."""
+        return name if self.served(name) is not None else self.model_name
 
     async def read_json(self, request: Request) -> dict[str, Any]:
         """The request's JSON object, read within the size and time limits.
@@ -114,13 +154,20 @@ class Server:
             raise HTTPError(400, "invalid_request", "Request body: expected a JSON object.")
         return data
 
-    def client_options(self, raw: Any, *, where: str = "options") -> ExtractOptions:
+    def client_options(self, raw: Any, *, where: str = "options", model: Any = None) -> ExtractOptions:
         """A client's options; the server's own limits and memory budget are not the client's to change, and a
-        ``head`` comes as its JSON data (a request never names a file for the server to read).
+        ``head`` comes as its JSON data (a request never names a file for the server to read). A ``model`` that
+        names a served head decides with that head.
 
         Raises:
-            HTTPError: 400 for an unknown or bad option, or one that only the server sets.
+            HTTPError: 400 for an unknown or bad option, one that only the server sets, or a head beside a model
+                that has its own.
         """
+        served = self.served(model)
+        if served is not None and isinstance(raw, Mapping) and raw.get("head") is not None:
+            message = f"{where}.head: model {served.name!r} decides with its own head; drop the head, or name the " \
+                      f"base model {self.model_name!r}."  # fmt: skip
+            raise HTTPError(400, "invalid_request", message, param=f"{where}.head")
         if isinstance(raw, Mapping) and raw.get("head") is not None and not isinstance(raw["head"], Mapping):
             message = f"{where}.head: expected a head's JSON data (what pcd fit writes), but got {raw['head']!r}."
             raise HTTPError(400, "invalid_request", message, param=where)
@@ -132,7 +179,7 @@ class Server:
             if getattr(options, name) is not None:
                 message = f"{where}.{name}: set by the server (pcd serve flags), not by a request."
                 raise HTTPError(400, "invalid_request", message, param=where)
-        return options
+        return options if served is None else dataclasses.replace(options, head=served.head)
 
     async def run_engine(self, request: Request, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run an engine call in a worker thread; if the client goes away, cancel it at the next pass."""
@@ -160,3 +207,29 @@ class Server:
         run = self.engine.extract if self.collector is None else self.collector.extract
         result: ExtractionResult = await self.run_engine(request, run, text, schema, options, limits=self.limits)
         return result
+
+    async def decide(
+        self, request: Request, text: str, schema: Schema, options: ExtractOptions, *, route: str, model: Any = None
+    ) -> Decided:
+        """What every deciding route does: a request naming a served head is checked against the head's schema
+        (options from :meth:`client_options` carry the head), decided (:meth:`extract`), its shadow candidate
+        decided beside it when the head has one, and logged when the server keeps a log.
+
+        Raises:
+            HTTPError: 400 naming what differs when the request's schema or questions are not the served head's.
+        """
+        served = self.served(model)
+        if served is not None:
+            differs = mismatch(served.head, schema)
+            if differs is not None:
+                message = f"Model {served.name!r}: expected the schema its head was fitted on, but {differs}."
+                raise HTTPError(400, "invalid_request", message, param="model")
+        result = await self.extract(request, text, schema, options)
+        if self.log is None:
+            return Decided(result, None)
+        shadow = None
+        if served is not None and served.shadow is not None:
+            candidate = await self.extract(request, text, schema, dataclasses.replace(options, head=served.shadow))
+            shadow = {"head": served.shadow_path, **result_entry(candidate)}
+        name = served.name if served is not None else self.model_name
+        return Decided(result, self.log.record(schema, text, result, route=route, model=name, shadow=shadow))
