@@ -4,9 +4,10 @@ and what a head costs per document.
 For each dataset, ``--docs`` documents (first ``--max-chars`` characters) are decided once by the embedded model with
 pcd's own passes (``Engine.read_features``: the default correction's distribution, the model's own, and the features a
 head reads). For each number of labelled examples per label and each seeded draw, a head is fitted on the drawn
-examples exactly as ``Head.fit`` fits it (``fit_field_head``) and scored on every other document, beside the model's
-own reading (raw), the default correction and a calibrator fitted on all documents unlabelled (``Calibrator.fit``,
-mean method), on the same held-out documents. The feature rows compare the head's two halves alone (the answer
+examples exactly as ``Head.fit`` fits it (``fit_scaled_head``: its temperature fitted on its own held-out folds)
+and scored on every other document, with and without that temperature, beside the model's own reading (raw), the
+default correction and a calibrator fitted on all documents unlabelled (``Calibrator.fit``, mean method), on the
+same held-out documents. The feature rows compare the head's two halves alone (the answer
 state, the document mean) at 10 per label. The cost rows time ``extract`` on one schema with and without a head,
 alternating, and count the forward passes of each.
 
@@ -21,6 +22,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import labelled_arguments  # noqa: E402
 from pcd_engine import Calibrator, Engine, Head  # noqa: E402
-from pcd_engine.heads.fields import fit_field_head  # noqa: E402
+from pcd_engine.heads.fields import fit_scaled_head  # noqa: E402
 from pcd_engine.heads.gates import scores  # noqa: E402
 from pcd_engine.heads.head import FEATURE_RECIPES  # noqa: E402
 from pcd_engine.tools.datasets import load_dataset  # noqa: E402
@@ -52,9 +54,14 @@ def draw(gold: np.ndarray, per_label: int, seed: int) -> tuple[list[int], list[i
     return train, [i for i in range(len(gold)) if i not in chosen]
 
 
-def head_rows(x: np.ndarray, gold: np.ndarray, labels: list[str], train: list[int], test: list[int]) -> np.ndarray:
-    """Held-out distributions of a head fitted on ``train``."""
-    head = fit_field_head("f", labels, x[train].tolist(), gold[train].tolist())
+def head_rows(
+    x: np.ndarray, gold: np.ndarray, labels: list[str], train: list[int], test: list[int], *, scaled: bool = True
+) -> np.ndarray:
+    """Held-out distributions of a head fitted on ``train`` as ``Head.fit`` fits it (its temperature fitted on its
+    own held-out folds of ``train``: ``fit_scaled_head``), or without the temperature (``scaled=False``)."""
+    head, _ = fit_scaled_head("f", labels, x[train].tolist(), gold[train].tolist())
+    if not scaled:
+        head = replace(head, temperature=1.0)
     return np.array([head.probabilities(row) for row in x[test]])
 
 
@@ -95,12 +102,14 @@ def dataset_table(engine: Engine, name: str, docs: int, max_chars: int, draws: i
     table: dict[str, list[tuple[float, float, float]]] = {}
     spreads = []
     for k in shots:
-        runs: dict[str, list] = {"raw": [], "default correction": [], "calibrator (unlabelled)": [], "head": []}
+        runs: dict[str, list] = {"raw": [], "default correction": [], "calibrator (unlabelled)": [],
+                                 "head, unscaled": [], "head": []}  # fmt: skip
         for seed in range(draws):
             train, test = draw(gold, k, seed)
             runs["raw"].append(scores(raw[test], gold[test]))
             runs["default correction"].append(scores(default[test], gold[test]))
             runs["calibrator (unlabelled)"].append(scores(calibrated[test], gold[test]))
+            runs["head, unscaled"].append(scores(head_rows(x, gold, labels, train, test, scaled=False), gold[test]))
             runs["head"].append(scores(head_rows(x, gold, labels, train, test), gold[test]))
         for title, got in runs.items():
             table.setdefault(title, []).append(mean_scores(got))

@@ -1,15 +1,17 @@
 """One field's decision head (issue 46): the numbers of a small linear model over a field's features, the arithmetic
 that turns features into the field's distribution, and fitting it with scikit-learn, for a single-label field (a
 multinomial logistic regression) and a multi-label one (a yes/no regression per label, each over the features read
-where that label's flag is decided); and the held-out distributions a head's gate compares
-(:func:`held_out_distributions`). :class:`~pcd_engine.heads.head.Head` ties field heads to a schema and model.
+where that label's flag is decided); the held-out distributions a head's gate compares
+(:func:`held_out_distributions`); and the temperature that makes a single-label head's probabilities mean what they
+say, fitted on those held-out distributions (:func:`fit_temperature`, :func:`fit_scaled_head`).
+:class:`~pcd_engine.heads.head.Head` ties field heads to a schema and model.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pcd_engine.calibrate.fitted import finite_real
@@ -20,8 +22,11 @@ __all__ = [
     "FieldHead",
     "fit_field_head",
     "fit_flag_head",
+    "fit_scaled_head",
+    "fit_temperature",
     "held_out_distributions",
     "held_out_yes",
+    "tempered",
 ]
 
 UNSEEN_LOG_ODDS = -math.log(1000.0)
@@ -60,6 +65,9 @@ class FieldHead:
         seen: Per label, how many fitting examples showed it (0: the label's odds are fixed low, see
             :data:`UNSEEN_LOG_ODDS`); for a multi-label field, how many it applied to.
         kind: ``"single"`` (one label per document) or ``"multi"`` (a multi-label field).
+        temperature: The scores are divided by it before the softmax (or the sigmoid): above 1 the probabilities
+            spread, below 1 they sharpen; the decision never changes. :func:`fit_scaled_head` fits it on held-out
+            distributions; 1 leaves the regression's own.
     """
 
     name: str
@@ -70,6 +78,7 @@ class FieldHead:
     bias: tuple[float, ...]
     seen: tuple[int, ...]
     kind: str = "single"
+    temperature: float = 1.0
 
     def __post_init__(self) -> None:
         where = f"Head field {self.name!r}"
@@ -93,8 +102,12 @@ class FieldHead:
             raise OptionError(f"{where}: expected one count of examples (an integer >= 0) per label.")
         for key, value in (("labels", labels), ("mean", mean), ("scale", scale), ("weights", weights)):
             object.__setattr__(self, key, value)
+        temperature = _real(f"{where} temperature", self.temperature)
+        if temperature <= 0:
+            raise OptionError(f"{where} temperature: expected a positive number, but got {self.temperature!r}.")
         object.__setattr__(self, "bias", bias)
         object.__setattr__(self, "seen", seen)
+        object.__setattr__(self, "temperature", temperature)
 
     @property
     def width(self) -> int:
@@ -113,7 +126,8 @@ class FieldHead:
             raise OptionError(f"Head field {self.name!r}: expected {self.width} features, but got {len(features)}.")
         x = [(f - m) / s for f, m, s in zip(features, self.mean, self.scale, strict=True)]
         scores = [
-            sum(w * v for w, v in zip(row, x, strict=True)) + b for row, b in zip(self.weights, self.bias, strict=True)
+            (sum(w * v for w, v in zip(row, x, strict=True)) + b) / self.temperature
+            for row, b in zip(self.weights, self.bias, strict=True)
         ]
         top = max(scores)
         exp = [math.exp(s - top) for s in scores]
@@ -133,6 +147,7 @@ class FieldHead:
         out = []
         for row, weights, bias in zip(features, self.weights, self.bias, strict=True):
             score = bias + sum(w * (f - m) / s for w, f, m, s in zip(weights, row, self.mean, self.scale, strict=True))
+            score /= self.temperature
             out.append(1 / (1 + math.exp(-score)) if score >= 0 else math.exp(score) / (1 + math.exp(score)))
         return tuple(out)
 
@@ -188,6 +203,61 @@ def fit_field_head(
     seen = [sum(1 for t in targets if t == i) for i in range(len(labels))]
     return FieldHead(name, tuple(labels), tuple(mean.tolist()), tuple(scale.tolist()),
                      tuple(tuple(r) for r in weights), tuple(bias), tuple(seen))  # fmt: skip
+
+
+def tempered(distribution: Sequence[float], temperature: float) -> tuple[float, ...]:
+    """A distribution at another temperature: ``p ** (1 / T)``, normalized (the softmax of the scores divided by
+    ``T``, for a distribution that is their softmax)."""
+    logs = [math.log(max(p, 1e-300)) / temperature for p in distribution]
+    top = max(logs)
+    exp = [math.exp(v - top) for v in logs]
+    total = sum(exp)
+    return tuple(e / total for e in exp)
+
+
+def fit_temperature(distributions: Sequence[Sequence[float]], targets: Sequence[int]) -> float:
+    """The temperature that makes held-out distributions most likely for their labels (the lowest mean negative
+    log-likelihood of :func:`tempered`, searched over 0.05-20 by SciPy's bounded scalar minimizer on its log); one
+    parameter, so fitted on as few examples as the gate has.
+
+    Raises:
+        OptionError: If the lengths differ or there are none.
+        BackendUnavailableError: If SciPy is not installed.
+    """
+    import numpy as np
+
+    from pcd_engine.errors import pip_install, require
+
+    (optimize,) = require("scipy.optimize", what="Scaling a head", install=pip_install("eval"))
+    if not distributions or len(distributions) != len(targets):
+        raise OptionError("Head temperature: expected one held-out distribution per label.")
+    logs = np.log(np.clip(np.asarray(distributions, dtype=np.float64), 1e-300, None))
+    gold = np.asarray(targets)
+
+    def loss(log_t: float) -> float:
+        z = logs / math.exp(log_t)
+        z = z - z.max(axis=1, keepdims=True)
+        return float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(gold)), gold]))
+
+    found = optimize.minimize_scalar(loss, bounds=(math.log(0.05), math.log(20.0)), method="bounded")
+    best = math.exp(float(found.x))
+    return best if loss(float(found.x)) < loss(0.0) else 1.0
+
+
+def fit_scaled_head(
+    name: str, labels: Sequence[Any], features: Sequence[Sequence[float]], targets: Sequence[int], *,
+    c: float = 0.1, seed: int = 0,
+) -> tuple[FieldHead, list[tuple[float, ...]]]:  # fmt: skip
+    """A single-label field's head fitted on every example (:func:`fit_field_head`) at the temperature fitted on
+    its held-out distributions (:func:`held_out_distributions`, :func:`fit_temperature`), and those held-out
+    distributions, unscaled (:func:`tempered` scales them as the head now does).
+
+    Raises:
+        OptionError: As :func:`fit_field_head`.
+    """
+    held = held_out_distributions(name, labels, features, targets, c=c, seed=seed)
+    head = fit_field_head(name, labels, features, targets, c=c)
+    return replace(head, temperature=fit_temperature(held, targets)), held
 
 
 def held_out_distributions(

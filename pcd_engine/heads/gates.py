@@ -66,6 +66,8 @@ class Gate:
         interval: A 95% paired bootstrap interval of ``gain`` (the same resampled examples for both), fractions.
         folded: Examples left out before the gate as copies of another (the same text with the same labels): a
             copy in the training folds would let a head score its twin by heart.
+        unscaled: The head's scores before its temperature (:attr:`~pcd_engine.heads.fields.FieldHead.temperature`)
+            was fitted on these held-out distributions (``head`` is after); ``None`` where none was fitted.
     """
 
     field: str
@@ -75,6 +77,7 @@ class Gate:
     gain: float
     interval: tuple[float, float]
     folded: int = 0
+    unscaled: Scores | None = None
 
     @property
     def better(self) -> bool:

@@ -33,14 +33,8 @@ from pcd_engine.calibrate.fitted import (
     write_json_file,
 )
 from pcd_engine.errors import OptionError
-from pcd_engine.heads.fields import (
-    FieldHead,
-    fit_field_head,
-    fit_flag_head,
-    held_out_distributions,
-    held_out_yes,
-)
-from pcd_engine.heads.gates import Gate, gate
+from pcd_engine.heads.fields import FieldHead, fit_flag_head, fit_scaled_head, held_out_yes, tempered
+from pcd_engine.heads.gates import Gate, gate, scores
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = ["FEATURE_RECIPES", "FIT_CHUNK", "HEADED_KINDS", "Head", "example_targets", "fold_copies"]
@@ -117,8 +111,11 @@ class Head:
 
         Each example's text is decided once (closed fields only, nothing generated) with ``options``, keeping the
         features a head reads (:meth:`~pcd_engine.engine.Engine.read_features`); each field's head is fitted on the
-        examples that label it (:func:`fit_field_head`). The gate scores each example with a head fitted without it
-        (:func:`held_out_distributions`) against the decision the call would make without a head (its correction
+        examples that label it (:func:`~pcd_engine.heads.fields.fit_field_head`), its probabilities scaled by a
+        temperature fitted on its held-out distributions (:func:`~pcd_engine.heads.fields.fit_scaled_head`; a
+        single-label field's). The gate scores each example with a head fitted without it
+        (:func:`~pcd_engine.heads.fields.held_out_distributions`, at that temperature; :attr:`Gate.unscaled` before
+        it) against the decision the call would make without a head (its correction
         included), with a paired bootstrap interval (:attr:`gates`).
 
         Few examples work (down to 2 per label; the study's 10 per label read BBC topics at 85%; a label seen once
@@ -209,7 +206,8 @@ class Head:
             "fields": [
                 {"name": f.name, "labels": list(f.labels), "mean": list(f.mean), "scale": list(f.scale),
                  "weights": [list(r) for r in f.weights], "bias": list(f.bias), "seen": list(f.seen),
-                 **({"kind": f.kind} if f.kind != "single" else {})}
+                 **({"kind": f.kind} if f.kind != "single" else {}),
+                 **({"temperature": f.temperature} if f.temperature != 1.0 else {})}
                 for f in self.fields
             ],
         }  # fmt: skip
@@ -233,6 +231,7 @@ class Head:
                     f["bias"],
                     f["seen"],
                     f.get("kind", "single"),
+                    f.get("temperature", 1.0),
                 )
                 for f in data["fields"]
             )
@@ -338,10 +337,11 @@ def _fit_one(spec: FieldSpec, labels: Sequence[Any], rows: Sequence[Any], *, c: 
     x = [rows[i][1][spec.name].tolist() for i in shown]
     y = [labels[i] for i in shown]
     if spec.kind != "multi":
-        head = fit_field_head(spec.name, values, x, y, c=c)
+        head, held = fit_scaled_head(spec.name, values, x, y, c=c, seed=seed)
         zero = [rows[i][0][spec.name].label_distribution for i in shown]
-        return head, gate(spec.name, held_out_distributions(spec.name, values, x, y, c=c, seed=seed), zero, y,
-                          seed=seed)  # fmt: skip
+        scaled = [tempered(p, head.temperature) for p in held]
+        held_gate = gate(spec.name, scaled, zero, y, seed=seed)
+        return head, dataclasses.replace(held_gate, unscaled=scores(held, y))
     head = fit_flag_head(spec.name, values, x, y, c=c)
     held = held_out_yes(spec.name, values, x, y, c=c, seed=seed)
     zero = [[rows[i][0][spec.name].label_probabilities[v] for v in values] for i in shown]

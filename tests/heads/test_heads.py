@@ -17,8 +17,11 @@ from pcd_engine.errors import InputError, OptionError
 from pcd_engine.heads.fields import (
     UNSEEN_LOG_ODDS,
     fit_field_head,
+    fit_scaled_head,
+    fit_temperature,
     held_out_distributions,
     one_label_distribution,
+    tempered,
 )
 from pcd_engine.heads.gates import gate, scores
 from pcd_engine.heads.head import Head
@@ -216,3 +219,57 @@ def test_a_label_seen_once_is_scored_by_heads_that_never_saw_it():
     x3, _ = clusters(1, 3)
     held = held_out_distributions("topic", ["a", "b", "c"], x3.tolist(), [0, 1, 2])
     assert [int(np.argmax(p)) for p in held] != [0, 1, 2]  # a head never answers a label it never saw
+
+
+def test_a_temperature_divides_the_scores_before_the_softmax_and_never_changes_the_decision():
+    from dataclasses import replace
+
+    x, y = clusters(8, 3)
+    head = fit_field_head("topic", ["business", "sport", "tech"], x.tolist(), y)
+    warm = replace(head, temperature=2.5)
+    for row in clusters(4, 3, seed=3)[0]:
+        standard = (row - np.asarray(head.mean)) / np.asarray(head.scale)
+        scores_ = (np.asarray(head.weights) @ standard + np.asarray(head.bias)) / 2.5
+        expected = np.exp(scores_ - scores_.max()) / np.exp(scores_ - scores_.max()).sum()
+        got = warm.probabilities(row.tolist())
+        np.testing.assert_allclose(got, expected, atol=1e-12)
+        assert np.argmax(got) == np.argmax(head.probabilities(row.tolist()))
+        np.testing.assert_allclose(tempered(head.probabilities(row.tolist()), 2.5), got, atol=1e-12)
+    with pytest.raises(OptionError, match="temperature: expected a positive number"):
+        replace(head, temperature=0.0)
+
+
+def test_fit_temperature_recovers_a_planted_overconfidence():
+    """Labels drawn from softmax(z), reported as softmax(3 z): the fitted temperature is near 3, and 1 for
+    distributions that are already right."""
+    rng = np.random.default_rng(0)
+    z = rng.normal(scale=1.5, size=(4000, 4))
+    truth = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    gold = [int(rng.choice(4, p=p)) for p in truth]
+    sharp = np.exp(3 * z) / np.exp(3 * z).sum(axis=1, keepdims=True)
+    assert fit_temperature(sharp.tolist(), gold) == pytest.approx(3.0, rel=0.08)
+    assert fit_temperature(truth.tolist(), gold) == pytest.approx(1.0, rel=0.08)
+
+
+def test_a_scaled_head_is_fitted_on_its_held_out_folds_and_saved_with_its_temperature(tmp_path):
+    """``fit_scaled_head``: the head of ``fit_field_head`` at the temperature fitted on exactly the held-out
+    distributions of ``held_out_distributions``, whose log-loss it does not raise; the temperature survives a save;
+    a head file without one (before it existed) reads as 1."""
+    x, y = clusters(10, 3, seed=2)
+    labels = ["business", "sport", "tech"]
+    head, held = fit_scaled_head("topic", labels, x.tolist(), y, seed=0)
+    assert held == held_out_distributions("topic", labels, x.tolist(), y, seed=0)
+    assert head.temperature == fit_temperature(held, y) and head.temperature != 1.0
+    plain = fit_field_head("topic", labels, x.tolist(), y)
+    assert (head.weights, head.bias) == (plain.weights, plain.bias)
+
+    def loss(rows):
+        return -np.mean([math.log(r[t]) for r, t in zip(rows, y, strict=True)])
+
+    assert loss([tempered(p, head.temperature) for p in held]) <= loss(held)
+    full = Head("f", "T", "m", "answer-last+document-middle", 30, (head,))
+    again = Head.load(full.save(tmp_path / "h.json"))
+    assert again.fields[0].temperature == head.temperature
+    data = json.loads((tmp_path / "h.json").read_text())
+    del data["fields"][0]["temperature"]
+    assert Head.from_json(data).fields[0].temperature == 1.0

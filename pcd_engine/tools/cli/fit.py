@@ -75,11 +75,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     copies = f", {folded} copies folded" if folded else ""
     print(f"head of {schema.title!r} for {engine.model_id} ({len(examples)} labelled documents{copies}): {path}")
     show_table(
-        ("field", "held out", "head accuracy", "model's accuracy", "gain, points (95% interval)", "head macro-F1 / ECE",
-         "better"),
+        ("field", "held out", "head accuracy", "model's accuracy", "gain, points (95% interval)", "head macro-F1",
+         "head ECE (unscaled)", "better"),
         [(g.field, str(g.held_out), f"{g.head.accuracy:.1%}", f"{g.zero_shot.accuracy:.1%}",
-          f"{g.gain * 100:+.1f} ({g.interval[0] * 100:+.1f} to {g.interval[1] * 100:+.1f})",
-          f"{g.head.macro_f1:.2f} / {g.head.ece:.2f}", "yes" if g.better else "no") for g in head.gates],
+          f"{g.gain * 100:+.1f} ({g.interval[0] * 100:+.1f} to {g.interval[1] * 100:+.1f})", f"{g.head.macro_f1:.2f}",
+          f"{g.head.ece:.3f}" + (f" ({g.unscaled.ece:.3f})" if g.unscaled is not None else ""),
+          "yes" if g.better else "no") for g in head.gates],
     )  # fmt: skip
     return 0
 
