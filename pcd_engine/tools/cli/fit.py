@@ -99,6 +99,8 @@ def fit_examples(args: argparse.Namespace) -> tuple[Schema, list[tuple[str, Any]
 
     if args.served is not None and args.log is None:
         raise OptionError("--served: expected it with --log (it picks a served head's requests from a log).")
+    if args.log is not None and args.input is not None:
+        raise OptionError("pcd fit: expected exactly one of --input and --log.")
     if args.decisions is not None:
         given = [f for f, v in (("--schema", args.schema), ("--preset", args.preset), ("--input", args.input),
                                 ("--log", args.log), ("--labels", args.labels)) if v]  # fmt: skip
@@ -109,15 +111,11 @@ def fit_examples(args: argparse.Namespace) -> tuple[Schema, list[tuple[str, Any]
         examples = [(text, dict(expected)) for text, expected in cases.examples]
         return cases.schema, examples[: args.limit] if args.limit else examples
     if args.log is not None and not (args.schema or args.preset):
-        if args.input is not None:
-            raise OptionError("pcd fit: expected exactly one of --input and --log.")
         schema, found = logged_examples(args.log, served=args.served)
     else:
         schema = common.read_schema(args)
         if args.log is None:
             return schema, labelled_examples(args, schema)
-        if args.input is not None:
-            raise OptionError("pcd fit: expected exactly one of --input and --log.")
         found = logged_examples(args.log, schema, served=args.served)[1]
     if not found:
         raise InputError(f"Log {args.log!r}: expected requests of {schema.title!r} with outcomes, but found none.")

@@ -133,7 +133,6 @@ class DecisionLog:
         if not self._write(entry):
             return None
         with self._lock:
-            self._schemas.setdefault(schema.fingerprint, schema)
             self._remember(ident, schema.fingerprint, schema)
         return ident
 

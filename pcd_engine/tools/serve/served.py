@@ -2,7 +2,7 @@
 serves each head as a model ``NAME`` beside the base model, and ``--shadow NAME=FILE`` runs a candidate head beside
 the live one, its decision logged, never answered.
 
-A request naming ``NAME`` (``model`` on ``/v1``, ``options.model`` on ``/api/extract``) is decided with that head, as
+A request naming ``NAME`` (its ``model``, on ``/v1`` and on ``/api/extract``) is decided with that head, as
 the same head sent in the request (``pcd.head``) decides it; a request whose schema or questions are not the head's
 is refused, naming what differs (:func:`mismatch`).
 """
