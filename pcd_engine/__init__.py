@@ -31,6 +31,7 @@ from pcd_engine.errors import (
 )
 from pcd_engine.generate.free_text import ChatMessage, JsonReply, TextChunk, json_chat, stream_chat, stream_text
 from pcd_engine.heads.head import Head
+from pcd_engine.heads.thresholds import Threshold
 from pcd_engine.limits import RequestLimits
 from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL, default_model_path
 from pcd_engine.options import ExtractOptions, PromptFormat, surface_options
@@ -91,6 +92,7 @@ __all__ = [
     "Schema",
     "SchemaError",
     "TextChunk",
+    "Threshold",
     "TokenUsage",
     "Tool",
     "ToolCall",

@@ -35,6 +35,7 @@ LAYERS = [
     "calibrate.estimators",
     "calibrate.fitted",
     "calibrate.calibrator",
+    "heads.thresholds",
     "heads.gates",
     "heads.fields",
     "heads.head",

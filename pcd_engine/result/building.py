@@ -1,10 +1,9 @@
 """Building a field's result: from its decisions and the reading its decider made of them (a scored field), from
-its grown row (a generated one), and abstaining below a threshold."""
+its grown row (a generated one). Abstaining and prediction sets come after (:mod:`~pcd_engine.result.trust`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pcd_engine.result.evidence import Alternative, FieldResult
@@ -15,34 +14,7 @@ if TYPE_CHECKING:
     from pcd_engine.deciders import Reading
     from pcd_engine.generate.open_rows import Generated
 
-__all__ = ["abstain", "field_result", "generated_result", "multi_result", "scored_result"]
-
-
-def abstain(
-    specs: Sequence[FieldSpec], fields: Mapping[str, FieldResult], min_probability: float, warnings: list[str]
-) -> dict[str, FieldResult]:
-    """``fields`` with every scored field below ``min_probability`` marked ``abstained``: an Optional single-label
-    field answers ``None``, any other keeps its label. Each is named in ``warnings``.
-
-    Args:
-        specs: The schema's fields, in order.
-        fields: Their results, by name.
-        min_probability: The threshold.
-        warnings: The result's warnings, appended to.
-    """
-    out = dict(fields)
-    for spec in specs:
-        f = fields[spec.name]
-        if f.source != "scored" or f.probability is None or f.probability >= min_probability:
-            continue
-        nullable = spec.kind != "multi" and any(label.value is None for label in spec.labels)
-        out[spec.name] = replace(f, value=None if nullable else f.value, abstained=True)
-        outcome = "answered null" if nullable else "kept its best label, flagged (the field cannot be null)"
-        warnings.append(
-            f"Field {spec.name!r}: probability {f.probability:.3f} is below min_probability {min_probability}; "
-            f"{outcome}."
-        )
-    return out
+__all__ = ["field_result", "generated_result", "multi_result", "scored_result"]
 
 
 def field_result(

@@ -75,6 +75,10 @@ class FieldResult:
             multi-label field, each label's prior of "yes"); ``None`` otherwise.
         raw_distribution: With a correction of a single-label field, the model's own distribution over the
             labels before it, in label order (from the same pass); ``None`` otherwise.
+        prediction_set: With the call option ``prediction_set`` (a level, e.g. 0.9) and held-out evidence for the
+            field (a head's), the smallest set of labels that holds the true one with at least that probability
+            (split conformal, :func:`~pcd_engine.heads.thresholds.set_cutoff`; on documents exchangeable with the
+            head's examples), most probable first; ``None`` otherwise.
     """
 
     name: str
@@ -96,6 +100,7 @@ class FieldResult:
     correction: str | None = None
     lean: tuple[float, ...] | None = None
     raw_distribution: tuple[float, ...] | None = None
+    prediction_set: tuple[LabelValue, ...] | None = None
 
     def runners_up(self, n: int = 2) -> tuple[Alternative, ...]:
         """The ``n`` most probable alternatives that are not the answer, best first: for a multi-label field the
@@ -241,6 +246,8 @@ class ExtractionResult:
                 entry["lean"] = list(f.lean or ())
             if f.abstained:
                 entry["abstained"] = True
+            if f.prediction_set is not None:
+                entry["prediction_set"] = list(f.prediction_set)
             if f.source == "generated":
                 entry.update(mean_logprob=f.mean_logprob, tokens=f.tokens, truncated=f.truncated)
             fields[name] = entry

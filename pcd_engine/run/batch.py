@@ -432,7 +432,7 @@ def open_lean(host: Host, schema: Schema, call: ExtractOptions) -> Lean:
 
     def read_content_free(strategy: str | None) -> Calibrator:
         asked.append(strategy)
-        plain = replace(call.uncorrected(), min_probability=None, strategy=strategy).read_whole()
+        plain = replace(call.uncorrected(), min_probability=None, prediction_set=None, strategy=strategy).read_whole()
         key = (schema.fingerprint, call.prompt_format.key, call.temperature, call.anchor, strategy)
 
         def read() -> Calibrator:

@@ -39,6 +39,7 @@ from pcd_engine.result import (
     abstain,
     field_result,
     generated_result,
+    with_prediction_sets,
 )
 from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.compile_cache import SchemaPrompt
@@ -420,8 +421,12 @@ class Request(Feeding):
         if self.backend.scorer == "rows":
             warnings.insert(0, "This model's cache cannot branch by masking; labels were scored one row each (slower).")
         ordered = {f.name: self.results[f.name] for f in self.schema.fields}
-        if self.call.min_probability is not None:
-            ordered = abstain(self.schema.fields, ordered, self.call.min_probability, warnings)
+        thresholds = self.call.thresholds(self.schema.fields)
+        if thresholds:
+            ordered = abstain(self.schema.fields, ordered, thresholds, warnings)
+        if self.call.prediction_set is not None:
+            cutoffs = self.call.set_cutoffs(self.schema.fields)
+            ordered = with_prediction_sets(self.schema.fields, ordered, cutoffs, self.call.prediction_set, warnings)
         phases = {**self.phases, "total": (time.perf_counter() - started) * 1000}
         stats = ExtractionStats(
             phases_ms=phases,

@@ -151,6 +151,14 @@ class EvalReport:
             return ()
         return accuracy_coverage(method.predictions, method.probabilities, self.gold, thresholds)
 
+    def held_out(self, method: MethodScore) -> list[tuple[float, float]]:
+        """``method``'s evidence on these documents, as thresholds are chosen on it
+        (:data:`~pcd_engine.heads.thresholds.HeldOut`: per document, the probability of its decided label and of
+        the gold one); empty for a baseline, which reports no distributions."""
+        index = {label: i for i, label in enumerate(self.labels)}
+        return [(max(p), p[index[g]] if g in index else 0.0) for p, g in zip(method.distributions, self.gold,
+                                                                             strict=True)]  # fmt: skip
+
 
 def eval_schema(field: str, labels: Sequence[str], *, description: str | None = None, schema: Any = None) -> Schema:
     """The schema ``pcd eval`` decides: one enum field over the dataset's labels, or ``field`` of a given schema.

@@ -1,16 +1,16 @@
-"""Plots for ``pcd bench`` and ``pcd eval``, drawn with matplotlib (the ``bench`` extra): the figures, and the image
-files ``--plot`` writes."""
+"""Plots for ``pcd bench``, ``pcd eval`` and ``pcd fit``, drawn with matplotlib (the ``bench`` extra): the figures, and
+the image files ``--plot`` and ``--risk-plot`` write."""
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from pcd_engine.errors import pip_install, require
 
-__all__ = ["bench_figure", "eval_figure", "plot_bench", "plot_eval"]
+__all__ = ["bench_figure", "eval_figure", "plot_bench", "plot_eval", "plot_risk", "risk_figure"]
 
 
 def _pyplot() -> Any:
@@ -137,3 +137,40 @@ def plot_eval(report: Any, path: str | Path, *, title: str = "Accuracy against l
         The path written.
     """
     return _save(_pyplot(), eval_figure(report, title=title), path)
+
+
+def risk_figure(curves: Mapping[str, Any], *, targets: Sequence[float] = (), title: str = "Risk-coverage") -> Any:
+    """The risk-coverage plot of :func:`plot_risk`, as a matplotlib figure (not saved, not closed): for each reader,
+    the accuracy of the answers kept against the share kept, as the abstention threshold rises
+    (:func:`~pcd_engine.heads.thresholds.risk_coverage`), with a dashed line at each target accuracy.
+
+    Args:
+        curves: Held-out evidence (:data:`~pcd_engine.heads.thresholds.HeldOut`) by the name of what it reads (a
+            field, or a method).
+        targets: Target accuracies to draw.
+        title: The figure title.
+    """
+    from pcd_engine.heads.thresholds import risk_coverage
+
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for name, held_out in curves.items():
+        points = risk_coverage(held_out)
+        ax.step([c for _, c, _ in points], [a for _, _, a in points], where="post", label=f"{name} ({len(held_out)})")
+    for target in targets:
+        ax.axhline(target, linestyle="--", linewidth=0.8, color="grey")
+    ax.set_xlabel("coverage (share answered)")
+    ax.set_ylabel("accuracy of the answers kept")
+    ax.set_xlim(0, 1.02)
+    ax.set_ylim(0, 1.02)
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=10)
+    ax.legend(fontsize=8, loc="lower left")
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def plot_risk(
+    curves: Mapping[str, Any], path: str | Path, *, targets: Sequence[float] = (), title: str = "Risk-coverage"
+) -> Path:
+    """Write :func:`risk_figure` to an image file, and return its path."""
+    return _save(_pyplot(), risk_figure(curves, targets=targets, title=title), path)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langchain_core.decisions import BaseDecisionModel, Box, Choice, ClassifierResponse, Noul, Score
+from langchain_core.exceptions import ModelRefusalError
 from langchain_core.messages import BaseMessage, convert_to_openai_messages
 from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationError, model_validator
@@ -101,6 +102,11 @@ class PCDDecisionModel(BaseDecisionModel):
     with every label's probability; a ``Score``'s ``score`` is the expected level. ``confidence`` is how
     concentrated the distribution is, ``1 - H(p) / log(K)`` (1: all the mass on one label; 0: even), not the chosen
     label's probability. ``usage`` counts the prompt's tokens; nothing is generated.
+
+    Abstaining: where a question's answer is below ``min_probability`` (in ``options``) or the head's threshold
+    (:meth:`~pcd_engine.Head.with_thresholds`), ``invoke`` raises LangChain's ``ModelRefusalError`` naming the
+    questions and the other answers are discarded, as ``OpenAIClassifier`` does when the Decisions API refuses;
+    :meth:`decide` returns every answer with ``abstained`` marked, for a caller that wants them anyway.
 
     Example:
         >>> from langchain_core.decisions import Choice, Noul
@@ -236,6 +242,10 @@ class PCDDecisionModel(BaseDecisionModel):
         return self._response(read_decisions(await asyncio.wrap_future(future), asked), questions)
 
     def _response(self, decided: Decisions, questions: Mapping[str, Any]) -> ClassifierResponse:
+        refused = [name for name in questions if decided.answers[name].abstained]
+        if refused:  # as OpenAIClassifier does with the wire's refusals: the other answers are discarded
+            raise ModelRefusalError(f"pcd abstained on: {', '.join(refused)} (the probability of its answer was below "
+                                    "min_probability or the head's threshold).")  # fmt: skip
         answers = {name: _answer(decided.answers[name], q) for name, q in questions.items()}
         usage = decided.usage.input_output()
         return ClassifierResponse.model_validate({"model": self.model, "answers": answers, "usage": usage})

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from pcd_engine import compile_schema
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.heads.fields import (
+    TEMPERATURE_PRIOR,
     UNSEEN_LOG_ODDS,
     fit_field_head,
     fit_scaled_head,
@@ -273,3 +274,24 @@ def test_a_scaled_head_is_fitted_on_its_held_out_folds_and_saved_with_its_temper
     data = json.loads((tmp_path / "h.json").read_text())
     del data["fields"][0]["temperature"]
     assert Head.from_json(data).fields[0].temperature == 1.0
+
+
+def test_fit_temperature_is_the_minimum_of_its_penalized_likelihood_on_a_grid():
+    """With few examples the prior on ``log T`` counts: the fitted temperature is where the held-out negative
+    log-likelihood plus ``TEMPERATURE_PRIOR * log(T) ** 2`` is lowest on a fine grid (the slow, obvious search), and
+    nearer 1 than the likelihood alone would put it."""
+    rng = np.random.default_rng(3)
+    z = rng.normal(scale=1.5, size=(12, 3))
+    gold = [int(rng.choice(3, p=np.exp(r) / np.exp(r).sum())) for r in z]
+    sharp = np.exp(4 * z) / np.exp(4 * z).sum(axis=1, keepdims=True)
+
+    def objective(log_t, prior):
+        rows = [tempered(p, math.exp(log_t)) for p in sharp]
+        return -sum(math.log(r[g]) for r, g in zip(rows, gold, strict=True)) + prior * log_t * log_t
+
+    grid = np.linspace(math.log(0.05), math.log(20.0), 4001)
+    best = grid[np.argmin([objective(t, TEMPERATURE_PRIOR) for t in grid])]
+    unpenalized = grid[np.argmin([objective(t, 0.0) for t in grid])]
+    got = math.log(fit_temperature(sharp.tolist(), gold))
+    assert got == pytest.approx(best, abs=2e-3)
+    assert 0 < got < unpenalized

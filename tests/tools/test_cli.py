@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from pcd_engine import Head
 from pcd_engine.errors import ModelLoadError
 from pcd_engine.models.resolve import ALIASES, DEFAULT_MODEL
 from pcd_engine.tools.cli import build_parser, main
@@ -469,10 +470,16 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
             }
         )
     )
-    code, out, _ = run(capsys, "eval", tiny, str(root), "--field", "topic", "--schema", str(schema), "-q")
+    plot = tmp_path / "risk.svg"
+    argv = ["eval", tiny, str(root), "--field", "topic", "--schema", str(schema), "--risk-plot", str(plot)]
+    code, out, _ = run(capsys, *argv, "-q")
     assert code == 0, out
     rows = table_rows(out, "method")
     assert [r[0] for r in rows] == ["pcd", OWN]
+    thresholds = table_rows(out, "thresholds of")  # each method's, chosen on these documents
+    want = [(m, str(len(DOCS)), t) for m in ("pcd", OWN) for t in ("90%", "95%")]
+    assert [(r[0], r[1], r[2]) for r in thresholds] == want
+    assert plot.read_text().lstrip().startswith("<?xml")
     confusion = table_rows(out, "gold \\ predicted")
     assert [r[0] for r in confusion] == ["business", "sport", "tech", "politics"]
     assert sum(int(c) for r in confusion for c in r[1:]) == len(DOCS)
@@ -986,13 +993,20 @@ def test_fit_writes_a_gated_head_that_run_decides_with(capsys, tiny, tmp_path):
     rows = [f"Note {i}. {FEELINGS[label]},{label}," for i in range(6) for label in FEELINGS]
     table = tmp_path / "examples.csv"
     table.write_text("text,sentiment,wants_refund\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    head_file = tmp_path / "head.json"
-    code, out, err = run(
-        capsys, "fit", tiny, "--schema", str(schema), "--input", str(table), "-o", str(head_file), "-q"
-    )
+    head_file, plot = tmp_path / "head.json", tmp_path / "risk.png"
+    argv = ["fit", tiny, "--schema", str(schema), "--input", str(table), "-o", str(head_file)]
+    code, out, err = run(capsys, *argv, "--accuracy", "0.8", "--risk-plot", str(plot), "-q")
     assert code == 0, err
     (row,) = table_rows(out, "field")
     assert row[0] == "sentiment" and row[1] == "18" and row[-1] in ("yes", "no")
+    # the thresholds for 80% (kept with the head), 90% and 95%, as Head.threshold gives them
+    head = Head.load(head_file)
+    thresholds = table_rows(out, "thresholds of")
+    assert [(r[0], r[1], r[2]) for r in thresholds] == [("sentiment", "18", t) for t in ("80%", "90%", "95%")]
+    kept = head.threshold("sentiment", accuracy=0.8)
+    assert thresholds[0][3] == (f"{kept.probability:.3f}" if kept.reached else "not reached")
+    assert head.field("sentiment").min_probability == kept.probability
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     context = tmp_path / "c.txt"
     context.write_text("Note 99. I am furious!")
     argv = ["run", tiny, "--schema", str(schema), "--context", str(context), "--head", str(head_file), "--json", "-q"]
@@ -1028,6 +1042,9 @@ def test_fit_reads_a_corrected_tag_table_by_id(capsys, tiny, tmp_path):
         ("text,sentiment\na,POSITIVE\nb,POSITIVE\n", [], "at least two of its labels"),
         ("text,other\na,x\n", [], "expected documents labelled in a column of ['sentiment', 'wants_refund']"),
         ("text,sentiment\na,POSITIVE\n", ["--head", "h.json"], "expected no --head"),
+        ("text,sentiment\na,POSITIVE\n", ["--accuracy", "1.5"], "--accuracy: expected a target accuracy in (0, 1]"),
+        ("text,sentiment\na,POSITIVE\n", ["--risk-plot", "nowhere/r.png"], "--risk-plot 'nowhere/r.png': expected"),
+        ("text,sentiment\na,POSITIVE\n", ["--risk-plot", "r.txt"], "expected an image file (.png, .svg, .pdf)"),
     ],
 )
 def test_fit_refuses_bad_examples_in_one_line(capsys, tiny, tmp_path, table, extra, needle):

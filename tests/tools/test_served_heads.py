@@ -119,43 +119,97 @@ def test_a_head_fitted_from_cases_decides_by_name_as_the_same_head_in_the_reques
     assert by_name.json()["answers"][0]["probability"] == pytest.approx(want.answers["urgent"].yes, abs=1e-9)
 
 
+def client_questions() -> dict[str, dict[str, Any]]:
+    """The three questions as each real client writes them: ``OpenAIDecisions`` (``decisions``), ``OpenAIClassifier``
+    and ``PCDDecisionModel`` (``core``: LangChain's), ``TypeSafeClassifier`` (``typesafe``)."""
+    import langchain_typesafe as typesafe
+    from langchain_core import decisions as core
+    from langchain_openai import decisions as openai
+
+    team = {"billing": "Charges and refunds.", "tech": None}
+    levels = ["Calm", "Annoyed", "Furious"]
+    urgent, which, anger = "Is this urgent?", "Which team should handle this?", "How frustrated is the customer?"
+    return {
+        "decisions": {"urgent": openai.Predicate(instructions=urgent),
+                      "team": openai.Choice(instructions=which, choices=team),
+                      "anger": openai.Score(instructions=anger, levels=levels)},
+        "core": {"urgent": core.Noul(instructions=urgent), "team": core.Choice(instructions=which, criteria=team),
+                 "anger": core.Score(instructions=anger, criteria=levels)},
+        "typesafe": {"urgent": typesafe.Noul(instructions=urgent),
+                     "team": typesafe.Choice(instructions=which, criteria=team),
+                     "anger": typesafe.Score(instructions=anger, criteria=levels)},
+    }  # fmt: skip
+
+
 def test_the_three_decision_clients_reach_a_served_head_by_model_name(tiny_folder_engine, heads):
-    from langchain_core.decisions import Choice as CoreChoice
-    from langchain_core.decisions import Noul as CoreNoul
-    from langchain_core.decisions import Score as CoreScore
-    from langchain_openai.decisions import Choice, OpenAIClassifier, OpenAIDecisions, Predicate, Score
-    from langchain_typesafe import Choice as SafeChoice
-    from langchain_typesafe import Noul as SafeNoul
-    from langchain_typesafe import Score as SafeScore
+    from langchain_openai.decisions import OpenAIClassifier, OpenAIDecisions
     from langchain_typesafe import TypeSafeClassifier
 
     from tests.support import serve_on_loopback
 
     want = decide_questions(tiny_folder_engine, [STATE], ASKED, options={"head": Head.load(heads["live"])})[0]
     served = served_heads([f"triage={heads['live']}"], model_id=tiny_folder_engine.model_id)
-    team = {"billing": "Charges and refunds.", "tech": None}
-    levels = ["Calm", "Annoyed", "Furious"]
+    asked = client_questions()
     with serve_on_loopback(create_app(tiny_folder_engine, model_name=MODEL, heads=served)) as port:
         base = f"http://127.0.0.1:{port}"
         decisions = OpenAIDecisions(model="triage", base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        got = decisions.invoke({"input": STATE, "questions": {
-            "urgent": Predicate(instructions="Is this urgent?"),
-            "team": Choice(instructions="Which team should handle this?", choices=team),
-            "anger": Score(instructions="How frustrated is the customer?", levels=levels)}})  # fmt: skip
+        got = decisions.invoke({"input": STATE, "questions": asked["decisions"]})
         assert got.model == "triage"
         assert got.predicates["urgent"].probability == pytest.approx(want.answers["urgent"].yes, abs=1e-6)
         classifier = OpenAIClassifier(model="triage", base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        got = classifier.invoke({"state": STATE, "questions": {
-            "urgent": CoreNoul(instructions="Is this urgent?"),
-            "team": CoreChoice(instructions="Which team should handle this?", criteria=team),
-            "anger": CoreScore(instructions="How frustrated is the customer?", criteria=levels)}})  # fmt: skip
+        got = classifier.invoke({"state": STATE, "questions": asked["core"]})
         assert got.choices["team"].probabilities == pytest.approx(dict(want.answers["team"].probabilities), abs=1e-6)
         typesafe = TypeSafeClassifier(model="triage", base_url=base, api_key="unused")
-        got = typesafe.invoke({"state": STATE, "questions": {
-            "urgent": SafeNoul(instructions="Is this urgent?"),
-            "team": SafeChoice(instructions="Which team should handle this?", criteria=team),
-            "anger": SafeScore(instructions="How frustrated is the customer?", criteria=levels)}})  # fmt: skip
+        got = typesafe.invoke({"state": STATE, "questions": asked["typesafe"]})
         assert got.scores["anger"].score == pytest.approx(want.answers["anger"].score, abs=1e-6)
+
+
+def test_an_abstained_question_reaches_every_decision_client(tiny_folder_engine, heads, tmp_path):
+    """Issue 58: a served head whose threshold the ``team`` answer does not reach (kept with the head) abstains on
+    it, and every client hears so in its own way: ``OpenAIDecisions`` gets the wire's refusal answer (the others
+    stay answers), ``OpenAIClassifier`` and ``PCDDecisionModel`` raise ``ModelRefusalError`` naming it,
+    ``TypeSafeClassifier`` keeps the answer and ``/v1/systemone`` marks it abstained in ``pcd``; a request's own
+    ``min_probability`` reaches the Decisions route the same way."""
+    import dataclasses
+
+    from langchain_core.exceptions import ModelRefusalError
+    from langchain_openai.decisions import OpenAIClassifier, OpenAIDecisions, RefusalAnswer
+    from langchain_typesafe import TypeSafeClassifier
+
+    from pcd_integrations.langchain import PCDDecisionModel
+    from tests.support import serve_on_loopback
+
+    head = Head.load(heads["live"])
+    strict = dataclasses.replace(head, fields=tuple(
+        dataclasses.replace(f, min_probability=1.0) if f.name == "team" else f for f in head.fields))  # fmt: skip
+    path = strict.save(tmp_path / "strict.head.json")
+    served = served_heads([f"strict={path}"], model_id=tiny_folder_engine.model_id)
+    asked = client_questions()
+    with serve_on_loopback(create_app(tiny_folder_engine, model_name=MODEL, heads=served)) as port:
+        base = f"http://127.0.0.1:{port}"
+        decisions = OpenAIDecisions(model="strict", base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        got = decisions.invoke({"input": STATE, "questions": asked["decisions"]})
+        assert isinstance(got.answers["team"], RefusalAnswer) and list(got.refusals) == ["team"]
+        assert "urgent" in got.predicates and "anger" in got.scores
+        classifier = OpenAIClassifier(model="strict", base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        with pytest.raises(ModelRefusalError, match="team"):
+            classifier.invoke({"state": STATE, "questions": asked["core"]})
+        typesafe = TypeSafeClassifier(model="strict", base_url=base, api_key="unused")
+        got = typesafe.invoke({"state": STATE, "questions": asked["typesafe"]})
+        assert got.choices["team"].choice in ("billing", "tech")
+    client = app_for(tiny_folder_engine, {"live": path})
+    reply = client.post("/v1/systemone", json={"model": "triage", "state": STATE, "questions": QUESTIONS}).json()
+    assert reply["pcd"]["fields"]["team"]["abstained"] is True and "abstained" not in reply["pcd"]["fields"]["urgent"]
+    assert any("below the head's threshold 1.000" in w for w in reply["pcd"]["warnings"])
+    own = client.post("/v1/decisions", json=decisions_body(MODEL, pcd={"min_probability": 1.0})).json()
+    assert [a["type"] for a in own["answers"]] == ["refusal"] * 3
+    assert own["answers"][1]["pcd"]["type"] == "choice" and "below the threshold" in own["answers"][1]["refusal"]
+
+    model = PCDDecisionModel(engine=tiny_folder_engine, head=strict.to_json())
+    with pytest.raises(ModelRefusalError, match="pcd abstained on: team"):
+        model.invoke({"state": STATE, "questions": asked["core"]})
+    (decided,) = model.decide([STATE], asked["core"])
+    assert decided.answers["team"].abstained and not decided.answers["urgent"].abstained
 
 
 @pytest.mark.parametrize(

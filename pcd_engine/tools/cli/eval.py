@@ -1,4 +1,6 @@
-"""``pcd eval``: accuracy on a labelled dataset, against the baselines, calibrations and corrections."""
+"""``pcd eval``: accuracy on a labelled dataset, against the baselines, calibrations and corrections, with the
+accuracy-coverage curve, the thresholds that reach target accuracies (with their intervals) and a risk-coverage
+plot."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pcd_engine.calibrate.calibrator import CALIBRATION_METHODS
 from pcd_engine.errors import OptionError
 from pcd_engine.tools.cli import common
+from pcd_engine.tools.cli.trust import add_trust_flags, check_trust_flags, show_thresholds, write_risk_plot
 from pcd_engine.tools.terminal import chunk_sizes, dataset_name, progress, read_json, show_table, versions, write_json
 
 if TYPE_CHECKING:
@@ -35,6 +38,7 @@ def add(sub: Any) -> None:
     p.add_argument("--max-chars", type=int, default=None, help="cut each document to this many characters")
     p.add_argument("--plot", metavar="OUT.png", help="write accuracy against latency")
     p.add_argument("--json", metavar="OUT.json", help="write the report with every prediction")
+    add_trust_flags(p, keep=False)
     p.add_argument(
         "--calibrate",
         action="store_true",
@@ -60,6 +64,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     against = parse_against(args.against)
     if args.calibrate and args.calibration:
         raise OptionError("pcd eval: expected either --calibrate or --calibration CAL.json, but got both.")
+    check_trust_flags(args)
     docs = load_dataset(args.dataset, limit=args.limit, seed=args.seed)
     given = read_json(args.schema, "Schema") if args.schema else None
     schema = eval_schema(args.field, [d.label for d in docs], description=args.description, schema=given)
@@ -110,6 +115,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             for i, threshold in enumerate(COVERAGE_THRESHOLDS)
         ],
     )
+    evidence = {m.method: report.held_out(m) for m in report.methods if m.distributions}
+    show_thresholds(evidence)
     for m in report.methods:
         print(f"\nconfusion matrix, {m.method} (rows: gold, columns: predicted)\n")
         rows = [(gold, *counts) for gold, counts in zip(m.metrics.labels, m.metrics.confusion, strict=True)]
@@ -121,6 +128,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         title = f"{args.model} ({engine.backend.name}) on {dataset_name(args.dataset)}, field {args.field!r}"
         print(f"\nplot: {plot_eval(report, args.plot, title=title)}")
+    write_risk_plot(args, evidence, title=f"{args.model} on {dataset_name(args.dataset)}, field {args.field!r}")
     return 0
 
 

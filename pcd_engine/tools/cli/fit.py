@@ -8,6 +8,10 @@ they are the requests a ``pcd serve --log`` server decided and got outcomes for 
 schema given, or of the one schema or question set they share (``--served NAME``: those that named a served head).
 With ``--decisions``, they are decision cases (requests of ``/v1/systemone`` or ``/v1/decisions`` with ``expected``
 answers, :mod:`pcd_engine.questions.cases`), and the head is the head of their questions.
+
+Each single-label field's held-out evidence gives the thresholds that reach target accuracies (printed, with their
+coverage and interval; ``--accuracy`` keeps them with the head as its abstention thresholds) and, with
+``--risk-plot``, a risk-coverage plot.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 from pcd_engine.errors import InputError, OptionError
 from pcd_engine.schema import FieldSpec, Schema
 from pcd_engine.tools.cli import common
+from pcd_engine.tools.cli.trust import add_trust_flags, check_trust_flags, show_thresholds, write_risk_plot
 from pcd_engine.tools.terminal import chunk_sizes, progress, show_table
 
 __all__ = ["add", "cmd_fit", "fit_examples", "labelled_examples"]
@@ -51,6 +56,7 @@ def add(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=None, help="read only the first N labelled documents")
     p.add_argument("--require-better", action="store_true", help="fail unless every head beats the model's own answer")
     p.add_argument("-o", "--output", required=True, metavar="HEAD.json", help="where to write the head")
+    add_trust_flags(p, keep=True)
     common.with_decoding(p)
     p.set_defaults(func=cmd_fit)
 
@@ -63,6 +69,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     output = Path(args.output)
     if output.is_dir() or not output.parent.is_dir():
         raise InputError(f"Output {args.output!r}: expected a file path in an existing folder.")
+    check_trust_flags(args)
     schema, examples = fit_examples(args)
     options = common.extract_options(args)
     engine = common.load_engine(args)
@@ -70,6 +77,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
     with progress(len(examples), quiet=args.quiet, unit="doc", sizes=sizes) as tick:
         head = Head.fit(engine, schema, examples, fields=args.field, options=options, progress=tick,
                         require_better=args.require_better)  # fmt: skip
+    if args.accuracy is not None:
+        head = head.with_thresholds(accuracy=args.accuracy)
     path = head.save(output)
     folded = max((g.folded for g in head.gates), default=0)
     copies = f", {folded} copies folded" if folded else ""
@@ -82,6 +91,13 @@ def cmd_fit(args: argparse.Namespace) -> int:
           f"{g.head.ece:.3f}" + (f" ({g.unscaled.ece:.3f})" if g.unscaled is not None else ""),
           "yes" if g.better else "no") for g in head.gates],
     )  # fmt: skip
+    evidence = {f.name: f.held_out for f in head.fields}
+    show_thresholds(evidence, extra=args.accuracy)
+    if args.accuracy is not None:
+        kept = {f.name: f.min_probability for f in head.fields if f.min_probability is not None}
+        print(f"\nkept with the head for {args.accuracy:.0%}: " + ", ".join(f"{n} abstains below {p:.3f}"
+                                                                         for n, p in kept.items()))  # fmt: skip
+    write_risk_plot(args, evidence, title=f"Heads of {schema.title!r}, held-out examples ({engine.model_id})")
     return 0
 
 

@@ -1,0 +1,183 @@
+"""Knowing when to trust a decision (issue 58): calibration, thresholds with intervals and prediction sets, measured
+on held-out documents.
+
+For each dataset, ``--docs`` documents (first ``--max-chars`` characters) are decided once by the embedded model with
+pcd's own passes (``Engine.read_features``: the default correction's distribution and the features a head reads). For
+each number of labelled examples per label and each seeded draw, a head is fitted on the drawn examples exactly as
+``Head.fit`` fits it (``fit_scaled_head``: a temperature fitted on its own held-out folds, whose evidence it keeps),
+and the zero-shot default is given the same examples as its evidence (it is fitted on none of them, so its readings
+of them are held out). Then, on every other document:
+
+- ECE of the head before and after its temperature (and the default's);
+- for each target accuracy, the threshold chosen on the examples (``choose_threshold``), the coverage and the
+  accuracy it had there with its 95% bootstrap interval, and the coverage and accuracy realised on the held-out
+  documents, and in how many draws the realised accuracy fell inside the interval;
+- 90% prediction sets (split conformal on the same evidence, ``set_cutoff``): held-out coverage and mean size.
+
+    .venv/bin/python benchmarks/bench_trust.py --docs 400 --max-chars 600 --draws 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.bench_heads import draw  # noqa: E402
+from benchmarks.common import labelled_arguments  # noqa: E402
+from pcd_engine import Engine  # noqa: E402
+from pcd_engine.heads.fields import fit_scaled_head  # noqa: E402
+from pcd_engine.heads.gates import scores  # noqa: E402
+from pcd_engine.heads.thresholds import choose_threshold, prediction_set, set_cutoff  # noqa: E402
+from pcd_engine.tools.datasets import load_dataset  # noqa: E402
+from pcd_engine.tools.eval import eval_schema  # noqa: E402
+
+DATASETS = {
+    "bbc-news": ("topic", "The section of the news site", (10, 50)),
+    "rotten-tomatoes": ("verdict", "The review", (10, 50)),
+}
+TARGETS = (0.90, 0.95)
+LEVEL = 0.9
+
+
+def evidence(distributions: np.ndarray, gold: np.ndarray) -> list[tuple[float, float]]:
+    """Per example, the decided label's probability and the true label's."""
+    return [(float(p.max()), float(p[g])) for p, g in zip(distributions, gold, strict=True)]
+
+
+def realised(test: np.ndarray, gold: np.ndarray, threshold: float) -> tuple[float, float]:
+    """Coverage and accuracy on held-out documents when answering only where the probability reaches ``threshold``."""
+    kept = test.max(axis=1) >= threshold
+    if not kept.any():
+        return 0.0, float("nan")
+    return float(kept.mean()), float((test[kept].argmax(axis=1) == gold[kept]).mean())
+
+
+def set_scores(test: np.ndarray, gold: np.ndarray, cutoff: float) -> tuple[float, float]:
+    """Held-out coverage and mean size of the prediction sets at ``cutoff``."""
+    labels = list(range(test.shape[1]))
+    sets = [prediction_set(labels, p.tolist(), cutoff) for p in test]
+    return float(np.mean([g in s for g, s in zip(gold, sets, strict=True)])), float(np.mean([len(s) for s in sets]))
+
+
+def readers(x: np.ndarray, default: np.ndarray, gold: np.ndarray, labels: list[str], k: int, seed: int) -> dict:
+    """Each reader's held-out distributions (scaled, and the head's unscaled) and its evidence on the examples."""
+    train, test = draw(gold, k, seed)
+    head, _ = fit_scaled_head("f", labels, x[train].tolist(), gold[train].tolist(), seed=seed)
+    plain = replace(head, temperature=1.0)
+    return {
+        "test": test,
+        "head": (np.array([head.probabilities(r) for r in x[test]]), list(head.held_out)),
+        "head, unscaled": (np.array([plain.probabilities(r) for r in x[test]]), None),
+        "zero-shot default": (default[test], evidence(default[train], gold[train])),
+    }
+
+
+def read(engine: Engine | None, name: str, docs: int, max_chars: int, cache: Path | None) -> tuple:
+    """The documents' features, default distributions, gold label indices and labels (kept in ``cache`` when
+    given, to rerun the tables without the model)."""
+    field, description, _ = DATASETS[name]
+    kept = None if cache is None else cache / f"trust-{name}-{docs}-{max_chars}.npz"
+    data = list(load_dataset(name))
+    random.Random(0).shuffle(data)
+    data = data[:docs]
+    labels = sorted({d.label for d in data})
+    if kept is not None and kept.exists():
+        saved = np.load(kept)
+        return saved["x"], saved["default"], saved["gold"], labels
+    schema = eval_schema(field, labels, description=description)
+    rows = (engine or Engine.load()).read_features([d.text[:max_chars] for d in data], schema)
+    x = np.array([features[field] for _, features in rows])
+    default = np.array([results[field].label_distribution for results, _ in rows])
+    gold = np.array([labels.index(d.label) for d in data])
+    if kept is not None:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(kept, x=x, default=default, gold=gold)
+    return x, default, gold, labels
+
+
+def threshold_row(runs: dict, reader: str, k: int, target: float, gold: np.ndarray, draws: int) -> str:
+    """One row of the thresholds table: the threshold chosen on each draw's examples, and what it does held out."""
+    field = "f"
+    got = []
+    for s in range(draws):
+        run = runs[k, s]
+        t = choose_threshold(field, run[reader][1], accuracy=target, seed=s)
+        if t.reached:
+            got.append((t, *realised(run[reader][0], gold[run["test"]], t.probability)))
+    cells = [reader, str(k), f"{target:.0%}", f"{len(got)}/{draws}"]
+    if not got:
+        return "| " + " | ".join(cells + ["-"] * 6) + " |"
+    accs = [a for _, _, a in got if a == a]
+    inside = sum(t.interval[0] <= a <= t.interval[1] for t, _, a in got)
+    low, high = (statistics.mean(t.interval[i] for t, _, _ in got) * 100 for i in (0, 1))
+    cells += [f"{statistics.mean(t.probability for t, _, _ in got):.2f}",
+              f"{statistics.mean(t.coverage for t, _, _ in got) * 100:.1f}%",
+              f"{statistics.mean(t.achieved for t, _, _ in got) * 100:.1f}% [{low:.1f}, {high:.1f}]",
+              f"{statistics.mean(c for _, c, _ in got) * 100:.1f}%",
+              f"{statistics.mean(accs) * 100:.1f}%" if accs else "-", f"{inside}/{len(got)}"]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def dataset_tables(name: str, docs: int, max_chars: int, draws: int, cache: Path | None) -> None:
+    field, _, shots = DATASETS[name]
+    tick = time.perf_counter()
+    x, default, gold, labels = read(None, name, docs, max_chars, cache)
+    print(f"\n## {name}: {len(gold)} documents, {len(labels)} labels, first {max_chars} characters, {draws} draws "
+          f"(read in {time.perf_counter() - tick:.0f} s)")  # fmt: skip
+    runs = {(k, seed): readers(x, default, gold, labels, k, seed) for k in shots for seed in range(draws)}
+    print("\nheld-out accuracy and ECE, %, mean of the draws")
+    print("| reader | " + " | ".join(f"{k} per label: accuracy / ECE" for k in shots) + " |")
+    print("|---|" + "---|" * len(shots))
+    for reader in ("zero-shot default", "head, unscaled", "head"):
+        cells = []
+        for k in shots:
+            got = [scores(runs[k, s][reader][0], gold[runs[k, s]["test"]]) for s in range(draws)]
+            cells.append(f"{statistics.mean(g.accuracy for g in got) * 100:.1f} / "
+                         f"{statistics.mean(g.ece for g in got) * 100:.1f}")  # fmt: skip
+        print(f"| {reader} | " + " | ".join(cells) + " |")
+    print(
+        "\nthresholds chosen on the examples, then held out: means over the draws whose examples reached the target "
+        "('reached'); 'inside': of those, the draws whose held-out accuracy fell inside the examples' 95% interval"
+    )
+    print("| reader | per label | target | reached | threshold | coverage on examples | accuracy on examples "
+          "[interval] | coverage held out | accuracy held out | inside |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for reader in ("zero-shot default", "head"):
+        for k in shots:
+            for target in TARGETS:
+                print(threshold_row(runs, reader, k, target, gold, draws))
+    print(f"\n{LEVEL:.0%} prediction sets (split conformal on the examples' evidence), held out, mean of the draws")
+    print("| reader | per label | coverage | mean size | per draw coverage |")
+    print("|---|---|---|---|---|")
+    for reader in ("zero-shot default", "head"):
+        for k in shots:
+            got = []
+            for s in range(draws):
+                run = runs[k, s]
+                got.append(set_scores(run[reader][0], gold[run["test"]], set_cutoff(run[reader][1], LEVEL)))
+            print(
+                f"| {reader} | {k} | {statistics.mean(c for c, _ in got) * 100:.1f}% | "
+                f"{statistics.mean(n for _, n in got):.2f} | {', '.join(f'{c * 100:.0f}' for c, _ in got)} |"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    labelled_arguments(parser, DATASETS)
+    parser.add_argument("--cache", type=Path, default=None, help="keep the features read here, to rerun the tables")
+    args = parser.parse_args()
+    for name in args.datasets:
+        dataset_tables(name, args.docs, args.max_chars, args.draws, args.cache)
+
+
+if __name__ == "__main__":
+    main()
