@@ -48,6 +48,7 @@ from pcd_engine.run.budget import PassBudget
 from pcd_engine.run.collector import Collector
 from pcd_engine.run.compile_cache import CompileCache, SchemaPrompt
 from pcd_engine.run.opening import prefill
+from pcd_engine.run.orders import averaged, orders_of
 from pcd_engine.run.request import Request
 from pcd_engine.schema import Schema, compile_schema
 
@@ -223,6 +224,8 @@ class Engine:
         started, passes_before = time.perf_counter(), self.backend.thread_passes
         compiled = compile_schema(schema)
         call = self.resolve(options, **knobs)
+        if (call.label_orders or 1) > 1:  # every order in one batch: extract_many's path
+            return self.extract_many([check_text(text)], compiled, call, cancelled=cancelled)[0]
         request = Request.open(self, compiled, call, check_text(text), cancelled=cancelled,
                                lean=lambda: open_lean(self, compiled, call))  # fmt: skip
         for index in range(len(request.waves)):
@@ -286,7 +289,9 @@ class Engine:
             for i, text in enumerate(texts):
                 check_text(text, where=f"texts[{i}]")
 
-        documents = [Document(t, compiled, call, cancelled, f"texts[{i}]") for i, t in enumerate(texts)]
+        orders, each = orders_of(compiled, call)
+        documents = [Document(t, s, each, cancelled, f"texts[{i}]") for i, t in enumerate(texts) for s in orders]
+        size *= len(orders)  # a document's orders are decided together
         out: list[Any] = []
         window = 4 * size
         if call.decider.estimates_on_batch:
@@ -302,7 +307,12 @@ class Engine:
                 if failure is not None:
                     raise failure
             out.extend(done)
-        return out
+        if len(orders) == 1:
+            return out
+        grouped = [out[i : i + len(orders)] for i in range(0, len(out), len(orders))]
+        top_k = self.options.top_k
+        return [next((r for r in g if isinstance(r, Exception)), None) or averaged(compiled, call, g, orders,
+                top_k=top_k) for g in grouped]  # fmt: skip
 
     def read_closed(
         self,

@@ -163,6 +163,7 @@ def test_the_same_settings_give_the_same_options_on_every_surface(tiny_engine, m
     flags = argparse.Namespace(
         strategy=None, no_anchor=True, temperature=2.0, max_tokens=7, memory_budget_mb=None, instructions=None,
         no_list_choices=False, quoted_booleans=False, calibration=None, min_probability=None, correction=None,
+        label_orders=None,
     )  # fmt: skip
     assert common.extract_options(flags) == real(("options", options), temperature=2.0, max_tokens=7)
     assert {"ChatPCD options", "PCDLLM options", "PCDMetadataExtractor options", "pcd", "pcd flags"} <= set(seen)

@@ -102,6 +102,11 @@ class ExtractOptions:
             a ``head`` decides) also answers the smallest set of labels that holds the true one with at least that
             probability (:attr:`~pcd_engine.result.evidence.FieldResult.prediction_set`, split conformal); the
             others are named in a warning.
+        label_orders: Read each document with every single-label closed field's labels in this many orders (the
+            schema's, its reverse, then shifts of both; at most 8) and decide each such field by the mean of their
+            distributions, so that the answer does not follow where a label was listed (:mod:`pcd_engine.run.orders`).
+            The orders share their passes (one pass per wave for all of them); each costs its own prefill and rows.
+            Not with a ``head`` or ``calibration`` (each is fitted on one order). ``None`` or 1: the schema's order.
         correction: How the model's label lean is divided out when no ``calibration`` is given: the name of one
             of :data:`CORRECTIONS` (each is an object of :mod:`pcd_engine.deciders.corrections`, which says what it
             reads and where its lean comes from). ``"auto"`` (the engine's default) divides out the lean read on
@@ -133,6 +138,7 @@ class ExtractOptions:
     calibration: Any = None
     min_probability: float | None = None
     prediction_set: float | None = None
+    label_orders: int | None = None
     correction: str | None = None
     head: Any = None
 
@@ -154,6 +160,9 @@ class ExtractOptions:
                 raise OptionError(f"{name}: expected true or false, but got {value!r}.")
         check_count(self.max_tokens, "max_tokens")
         check_count(self.draft_tokens, "draft_tokens", minimum=0)
+        check_count(self.label_orders, "label_orders")
+        if self.label_orders is not None and self.label_orders > MAX_LABEL_ORDERS:
+            raise OptionError(f"label_orders: expected at most {MAX_LABEL_ORDERS} orders, but got {self.label_orders}.")
         m = self.memory_budget_mb
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not math.isfinite(m) or m <= 0):
             raise OptionError(f"memory_budget_mb: expected a positive number, but got {m!r}.")
@@ -290,6 +299,10 @@ class ExtractOptions:
             quoted_booleans=bool(self.quoted_booleans),
             chat_template_kwargs=self.chat_template_kwargs or (),
         )
+
+
+MAX_LABEL_ORDERS = 8
+"""The most label orders one call may read (``label_orders``)."""
 
 
 def _share(name: str, value: Any, expected: str, *, one: bool) -> None:

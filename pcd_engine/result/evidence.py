@@ -64,7 +64,8 @@ class FieldResult:
             the calibrated ones, and the decision follows them); ``None`` without one.
         label_distribution: For a scored single-label field, every label's probability in label order (what
             ``alternatives`` shows the top of; calibrated with a calibration); ``None`` otherwise.
-        abstained: True when the call's ``min_probability`` was above ``probability``: an Optional field's
+        abstained: True when the call's ``min_probability`` (or, without one, the head's threshold for the field,
+            :attr:`~pcd_engine.heads.fields.FieldHead.min_probability`) was above ``probability``: an Optional field's
             ``value`` is then ``None`` (``alternatives`` keep the labels the model preferred), any other field
             keeps its best label, flagged.
         correction: Which correction decided the field: ``"calibration"`` (the call's fitted calibrator),

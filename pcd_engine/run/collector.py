@@ -23,6 +23,7 @@ from pcd_engine.options import ExtractOptions
 from pcd_engine.result import ExtractionResult
 from pcd_engine.run.batch import Document, run_batch
 from pcd_engine.run.host import Host
+from pcd_engine.run.orders import averaged, orders_of
 from pcd_engine.schema import compile_schema
 
 __all__ = ["Collector"]
@@ -32,6 +33,33 @@ __all__ = ["Collector"]
 class _Job:
     document: Document
     future: Future[ExtractionResult]
+
+
+def _joined(futures: list[Future[ExtractionResult]], combine: Callable[[list[ExtractionResult]], ExtractionResult]
+            ) -> Future[ExtractionResult]:  # fmt: skip
+    """A future of ``combine`` of every future's result, once all are done; the first failure's exception if one
+    failed."""
+    out: Future[ExtractionResult] = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: Future[ExtractionResult]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        failed = next((f.exception() for f in futures if f.exception() is not None), None)
+        if failed is not None:
+            out.set_exception(failed)
+            return
+        try:
+            out.set_result(combine([f.result() for f in futures]))
+        except Exception as exc:  # noqa: BLE001 - the caller's future holds it
+            out.set_exception(exc)
+
+    for future in futures:
+        future.add_done_callback(done)
+    return out
 
 
 class Collector:
@@ -81,11 +109,17 @@ class Collector:
         # Each caller's request is its own group: a correction that estimates its lean on a batch never pools the
         # documents of different callers, so an answer never depends on what others sent at the same moment.
         call = self.engine.resolve(options, **knobs)
-        document = Document(text, compile_schema(schema), call, cancelled, group=object())
-        job = _Job(document, Future())
+        compiled = compile_schema(schema)
+        orders, each = orders_of(compiled, call)  # label_orders: one job per order, averaged when all are done
+        group = object()
+        jobs = [_Job(Document(text, s, each, cancelled, group=group), Future()) for s in orders]
         self._start()
-        self._jobs.put(job)
-        return job.future
+        for job in jobs:
+            self._jobs.put(job)
+        if len(jobs) == 1:
+            return jobs[0].future
+        top_k = self.engine.options.top_k
+        return _joined([j.future for j in jobs], lambda done: averaged(compiled, call, done, orders, top_k=top_k))
 
     def extract(
         self,

@@ -472,7 +472,7 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
     )
     plot = tmp_path / "risk.svg"
     argv = ["eval", tiny, str(root), "--field", "topic", "--schema", str(schema), "--risk-plot", str(plot)]
-    code, out, _ = run(capsys, *argv, "-q")
+    code, out, _ = run(capsys, *argv, "--order-flips", "-q")
     assert code == 0, out
     rows = table_rows(out, "method")
     assert [r[0] for r in rows] == ["pcd", OWN]
@@ -480,6 +480,8 @@ def test_eval_folder_dataset_with_a_schema(capsys, tiny, tmp_path):
     want = [(m, str(len(DOCS)), t) for m in ("pcd", OWN) for t in ("90%", "95%")]
     assert [(r[0], r[1], r[2]) for r in thresholds] == want
     assert plot.read_text().lstrip().startswith("<?xml")
+    flips = table_rows(out, "method, labels reversed")  # every method decided again, labels listed in reverse
+    assert [r[0] for r in flips] == ["pcd", OWN] and all(r[1].endswith("%") for r in flips)
     confusion = table_rows(out, "gold \\ predicted")
     assert [r[0] for r in confusion] == ["business", "sport", "tech", "politics"]
     assert sum(int(c) for r in confusion for c in r[1:]) == len(DOCS)

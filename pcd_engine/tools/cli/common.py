@@ -34,6 +34,7 @@ def extract_options(args: argparse.Namespace) -> ExtractOptions:
         "quoted_booleans": True if args.quoted_booleans else None,
         "min_probability": args.min_probability,
         "correction": args.correction,
+        "label_orders": args.label_orders,
     }
     calibration = Calibrator.load(args.calibration) if args.calibration else None
     head = Head.load(args.head) if getattr(args, "head", None) else None
@@ -120,6 +121,14 @@ def with_decoding(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="P",
         help="abstain below this probability: Optional fields answer null, the others are flagged",
+    )
+    p.add_argument(
+        "--label-orders",
+        type=int,
+        default=None,
+        metavar="K",
+        help="read every single-choice field's labels in K orders (its own, reversed, then shifted; at most 8) and "
+        "decide by their mean: answers that do not follow where a label was listed",
     )
     p.add_argument(
         "--correction",

@@ -39,6 +39,8 @@ def add(sub: Any) -> None:
     p.add_argument("--plot", metavar="OUT.png", help="write accuracy against latency")
     p.add_argument("--json", metavar="OUT.json", help="write the report with every prediction")
     add_trust_flags(p, keep=False)
+    p.add_argument("--order-flips", action="store_true", help="decide again with the labels listed in reverse and "
+                   "report how many answers each method changes (doubles the work)")  # fmt: skip
     p.add_argument(
         "--calibrate",
         action="store_true",
@@ -117,6 +119,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     )
     evidence = {m.method: report.held_out(m) for m in report.methods if m.distributions}
     show_thresholds(evidence)
+    if args.order_flips:
+        _show_flips(args, engine, docs, schema, report, against, options)
     for m in report.methods:
         print(f"\nconfusion matrix, {m.method} (rows: gold, columns: predicted)\n")
         rows = [(gold, *counts) for gold, counts in zip(m.metrics.labels, m.metrics.confusion, strict=True)]
@@ -130,6 +134,32 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"\nplot: {plot_eval(report, args.plot, title=title)}")
     write_risk_plot(args, evidence, title=f"{args.model} on {dataset_name(args.dataset)}, field {args.field!r}")
     return 0
+
+
+def _show_flips(
+    args: argparse.Namespace, engine: Engine, docs: Sequence[Any], schema: Any, report: Any, against: Any,
+    options: dict[str, Any],
+) -> None:  # fmt: skip
+    """``--order-flips``: every method (but a calibration, fitted on the schema's own order) decides again with the
+    field's labels listed in reverse; print the share of documents whose answer changed."""
+    from pcd_engine.run.orders import reordered
+    from pcd_engine.schema import compile_schema
+    from pcd_engine.tools.eval import eval_chunk_size, evaluate, parse_corrections
+
+    back = reordered(compile_schema(schema), (True, 0))
+    with progress(
+        len(docs), quiet=args.quiet, unit="doc", sizes=chunk_sizes(len(docs), eval_chunk_size(engine))
+    ) as tick:
+        again = evaluate(engine, docs, back, args.field, against=against, max_chars=args.max_chars, progress=tick,
+                         corrections=parse_corrections(args.corrections), **options)  # fmt: skip
+    redone = {m.method: m.predictions for m in again.methods}
+    print("\nlabel order: answers that change when the labels are listed in reverse\n")
+    show_table(
+        ("method, labels reversed", "answers changed"),
+        [(m.method, "-" if m.method not in redone else
+          f"{sum(a != b for a, b in zip(m.predictions, redone[m.method], strict=True)) / len(docs):.1%}")
+         for m in report.methods],
+    )  # fmt: skip
 
 
 def _show_shares(shares: Any, gold: Sequence[str]) -> None:
