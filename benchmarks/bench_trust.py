@@ -175,17 +175,85 @@ def dataset_tables(name: str, docs: int, max_chars: int, draws: int, cache: Path
             )
 
 
+def auroc(positive: Sequence[float], negative: Sequence[float]) -> float:
+    """The chance that a positive scores above a negative (ties count half): the area under the ROC curve."""
+    wins = sum((p > n) + 0.5 * (p == n) for p in positive for n in negative)
+    return wins / (len(positive) * len(negative))
+
+
+def head_scope(x: np.ndarray, gold: np.ndarray, left: int, *, per_label: int = 10, draws: int = 5) -> float:
+    """AUROC of a head's low probability for telling documents of label ``left`` (left out of its fit) from the
+    held-out documents of the labels it was fitted on, mean over seeded draws."""
+    kept = [k for k in sorted(set(gold.tolist())) if k != left]
+    inside = np.array([g in kept for g in gold])
+    index = {k: i for i, k in enumerate(kept)}
+    scores = []
+    for seed in range(draws):
+        train, test = draw(np.where(inside, gold, -1), per_label, seed)
+        train = [i for i in train if inside[i]]
+        head, _ = fit_scaled_head("f", kept, x[train].tolist(), [index[g] for g in gold[train]], seed=seed)
+        low = {i: 1 - max(head.probabilities(x[i])) for i in test}
+        scores.append(auroc([low[i] for i in test if not inside[i]], [low[i] for i in test if inside[i]]))
+    return statistics.mean(scores)
+
+
+def scope_table(name: str, per_label: int, max_chars: int, cached: tuple | None = None) -> None:
+    """'None of these': for each label left out of the schema, how well its documents (whose true answer is not
+    among the labels) are told from the others by a low probability of the answer, by a low mass on the allowed
+    labels, and by an explicit "none of these" label decided with the others. Default options."""
+    field, description, _ = DATASETS[name]
+    data = list(load_dataset(name))
+    random.Random(2).shuffle(data)
+    labels = sorted({d.label for d in data})
+    chosen = [d for label in labels for d in [x for x in data if x.label == label][:per_label]]
+    texts = [d.text[:max_chars] for d in chosen]
+    engine = Engine.load()
+    rows = []
+    for left in labels:
+        kept = [label for label in labels if label != left]
+        out = [d.label == left for d in chosen]
+        plain = engine.extract_many(texts, eval_schema(field, kept, description=description))
+        explicit = engine.extract_many(texts, eval_schema(field, [*kept, "none of these"], description=description))
+        probability = [1 - r.fields[field].probability for r in plain]
+        mass = [1 - (r.fields[field].candidate_mass or 0.0) for r in plain]
+        said = [r.values[field] == "none of these" for r in explicit]
+        flagged = [s for s, o in zip(said, out, strict=True) if o]
+        alarms = [s for s, o in zip(said, out, strict=True) if not o]
+        split = [(score, o) for score, o in zip(probability, out, strict=True)]
+        by_head = float("nan") if cached is None else head_scope(cached[0], cached[2], labels.index(left))
+        rows.append((left, auroc([a for a, o in split if o], [a for a, o in split if not o]),
+                     auroc([m for m, o in zip(mass, out, strict=True) if o],
+                           [m for m, o in zip(mass, out, strict=True) if not o]),
+                     sum(flagged) / len(flagged), sum(alarms) / len(alarms), by_head))  # fmt: skip
+    print(f"\n## {name}: 'none of these', {per_label} documents per label, each label left out in turn")
+    print(
+        "| left out | AUROC: low probability | AUROC: low label mass | explicit label: out-of-scope caught | "
+        "explicit label: in-scope wrongly caught | AUROC: a head's low probability (10 per kept label) |"
+    )
+    print("|---|---|---|---|---|---|")
+    for left, by_p, by_mass, caught, wrong, by_head in rows:
+        print(f"| {left} | {by_p:.2f} | {by_mass:.2f} | {caught:.0%} | {wrong:.0%} | {by_head:.2f} |")
+    means = [statistics.mean(r[i] for r in rows) for i in range(1, 6)]
+    print(f"| mean | {means[0]:.2f} | {means[1]:.2f} | {means[2]:.0%} | {means[3]:.0%} | {means[4]:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     labelled_arguments(parser, DATASETS)
     parser.add_argument("--cache", type=Path, default=None, help="keep the features read here, to rerun the tables")
     parser.add_argument("--order-docs", type=int, default=100, help="documents for the label-order table (0: none)")
     parser.add_argument("--orders", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument(
+        "--scope-per-label", type=int, default=20, help="documents per label, 'none of these' (0: none)"
+    )
     args = parser.parse_args()
     for name in args.datasets:
         dataset_tables(name, args.docs, args.max_chars, args.draws, args.cache)
     if args.order_docs:
         order_table("bbc-news", args.order_docs, args.max_chars, args.orders)
+    if args.scope_per_label:
+        cached = read(None, "bbc-news", args.docs, args.max_chars, args.cache) if args.cache else None
+        scope_table("bbc-news", args.scope_per_label, args.max_chars, cached)
 
 
 def order_table(name: str, docs: int, max_chars: int, counts: Sequence[int]) -> None:

@@ -145,6 +145,12 @@ class Decider(ABC):
         return False
 
     @property
+    def fitted_on_order(self) -> bool:
+        """The decider was fitted on one schema's prompt, its labels in their order (a calibration, a head): it
+        cannot decide the same schema with its labels listed in another order (``label_orders``)."""
+        return False
+
+    @property
     def reads_features(self) -> bool:
         """The call keeps the hidden-state features of its passes (what a decision head reads)."""
         return False

@@ -30,6 +30,7 @@ class Calibrated(Decider):
 
     source = "calibration"
     reads_whole = True
+    fitted_on_order = True
 
     def __init__(self, calibrator: Calibrator) -> None:
         self.calibrator = calibrator
@@ -65,6 +66,7 @@ class Headed(Decider):
     source = "head"
     reads_whole = True
     reads_features = True
+    fitted_on_order = True
 
     def __init__(self, head: Head, fallback: Decider) -> None:
         self.head = head

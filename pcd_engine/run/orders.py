@@ -64,7 +64,7 @@ def ordered_call(call: ExtractOptions) -> ExtractOptions:
     Raises:
         OptionError: If the call has a head or a calibration: each is fitted on one label order's prompt.
     """
-    if call.head is not None or call.calibration is not None:
+    if call.decider.fitted_on_order:
         raise OptionError("label_orders: expected no head or calibration (each is fitted on one label order of the "
                           "schema's prompt); use one or the other.")  # fmt: skip
     return replace(call, label_orders=None, min_probability=None, prediction_set=None)

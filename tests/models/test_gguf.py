@@ -79,9 +79,21 @@ def test_a_gguf_converts_to_bfloat16_in_a_folder_of_its_own(tiny_gguf, own_cache
     for name, param in engine.backend.model.named_parameters():
         wide = dict(full.backend.model.named_parameters())[name]
         assert param.dtype == torch.bfloat16 and torch.equal(param, wide.to(torch.bfloat16)), name
-    # the model's own decisions: a lean correction on a two-layer model amplifies the bf16 rounding
+    # the model's own decisions (a lean correction on a two-layer model amplifies the bf16 rounding): every label's
+    # probability within bf16's rounding, and the same answer wherever fp32's is not a near tie (a 0.436 / 0.419 split
+    # between two labels flipped under bf16 with one install's GGUF reader and not with another's)
     raw = {"correction": "none"}
-    assert engine.extract(TEXT, SHARED_PREFIXES, **raw).values == full.extract(TEXT, SHARED_PREFIXES, **raw).values
+    narrow, wide = engine.extract(TEXT, SHARED_PREFIXES, **raw), full.extract(TEXT, SHARED_PREFIXES, **raw)
+    clear = 0
+    for name, want in wide.fields.items():
+        got = narrow.fields[name]
+        probabilities = {a.value: a.probability for a in got.alternatives}
+        assert all(abs(probabilities.get(a.value, 0.0) - a.probability) < 0.05 for a in want.alternatives), name
+        runner_up = want.alternatives[1].probability if len(want.alternatives) > 1 else 0.0
+        if want.probability - runner_up > 0.05:
+            clear += 1
+            assert got.value == want.value, name
+    assert clear >= 3
     with pytest.raises(OptionError, match="dtype: expected 'float32', 'bfloat16' or 'float16', but got 'int4'"):
         gguf_model_path(tiny_gguf, dtype="int4")
 
