@@ -21,8 +21,9 @@ from pcd_engine.schema.fields import build_schema
 __all__ = ["averaged", "label_orders", "ordered_call", "orders_of", "reordered"]
 
 
-def _averaged_fields(schema: Schema) -> list[FieldSpec]:
-    return [s for s in schema.fields if s.scored and s.kind != "multi" and len(s.labels) > 1]
+def _averages(spec: FieldSpec) -> bool:
+    """Whether the orders decide field ``spec`` together: a single-label closed field of two labels or more."""
+    return spec.scored and spec.kind != "multi" and len(spec.labels) > 1
 
 
 def label_orders(count: int) -> list[tuple[bool, int]]:
@@ -39,7 +40,7 @@ def reordered(schema: Schema, order: tuple[bool, int]) -> Schema:
         return schema
     specs = []
     for spec in schema.fields:
-        if spec in _averaged_fields(schema):
+        if _averages(spec):
             labels = list(reversed(spec.labels)) if flip else list(spec.labels)
             k = shift % len(labels)
             spec = replace(spec, labels=tuple(labels[k:] + labels[:k]))
@@ -79,7 +80,7 @@ def averaged(
     and the statistics are the first order's."""
     first = results[0]
     fields = dict(first.fields)
-    for spec in _averaged_fields(schema):
+    for spec in filter(_averages, schema.fields):
         readings = [(r.fields[spec.name], s.field(spec.name).values) for r, s in zip(results, schemas, strict=True)]
         fields[spec.name] = _mean_field(spec, readings, top_k)
     warnings = list(first.warnings)
@@ -96,8 +97,8 @@ def _in_schema_order(distribution: Sequence[float] | None, listed: Sequence[obje
     all on ``value``."""
     if distribution is None:
         return [1.0 if v == value else 0.0 for v in values]
-    at = dict(zip(listed, distribution, strict=True))
-    return [at[v] for v in values]
+    at = {(type(v), v): p for v, p in zip(listed, distribution, strict=True)}  # typed: True is not 1
+    return [at[type(v), v] for v in values]
 
 
 def _mean_field(spec: FieldSpec, readings: Sequence[tuple[FieldResult, Sequence[object]]], top_k: int) -> FieldResult:
@@ -105,12 +106,12 @@ def _mean_field(spec: FieldSpec, readings: Sequence[tuple[FieldResult, Sequence[
     mean = _mean([_in_schema_order(f.label_distribution, listed, f.value, values) for f, listed in readings])
     best = max(range(len(values)), key=lambda i: (mean[i], -i))
     order = sorted(range(len(values)), key=lambda i: (-mean[i], i))[:top_k]
-    head = readings[0][0]
+    first = readings[0][0]
     raw = None
     if all(f.raw_distribution is not None for f, _ in readings):
         raw = _mean([_in_schema_order(f.raw_distribution, listed, f.value, values) for f, listed in readings])
     return replace(
-        head,
+        first,
         value=values[best],
         probability=mean[best],
         alternatives=tuple(Alternative(values[i], mean[i]) for i in order),
