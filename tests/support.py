@@ -579,14 +579,54 @@ def remembered(brute_force: Callable[..., list[np.ndarray]]) -> Callable[..., li
     return once
 
 
+def same_length_groups(paths: list[list[int]], size: int = 64) -> Iterator[list[int]]:
+    """The indices of ``paths`` in groups of at most ``size`` paths of one length each (more than one token): the
+    rows one batched forward pass scores side by side, each continuing its own copy of the prompt's cache."""
+    by_length: dict[int, list[int]] = {}
+    for i, path in enumerate(paths):
+        if len(path) > 1:
+            by_length.setdefault(len(path), []).append(i)
+    for indices in by_length.values():
+        for start in range(0, len(indices), size):
+            yield indices[start : start + size]
+
+
 @remembered
 def torch_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
     """log p of each path token given everything before it, scoring each path alone.
 
     The model runs the way transformers runs it by itself: its own masks, its own cache classes (sliding
-    windows included), its default positions. The prompt is run once and each path continues that cache, which is
-    a full forward pass per path without repeating the shared prompt's work.
+    windows included), its default positions. The prompt is run once; then paths of one length run side by side
+    as the rows of one batch, each row continuing its own copy of the prompt's cache (``batch_repeat_interleave``,
+    no padding, so a row sees exactly its own sequence). Caches that cannot be repeated by rows (recurrent layers)
+    run each path alone: :func:`torch_brute_force_one_by_one`, which the batched rows are tested against.
     """
+    import torch
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        first = model(input_ids=torch.tensor([context]), cache=cache, use_cache=True, logits_to_keep=1)
+    if not all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers):
+        return torch_brute_force_one_by_one(model, context, paths)
+    root = torch.log_softmax(first.logits[0, -1].double(), dim=-1)
+    out = [np.array([float(root[path[0]])]) for path in paths]
+    for rows in same_length_groups(paths):
+        run_on = copy.deepcopy(cache)
+        run_on.batch_repeat_interleave(len(rows))
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([paths[i][:-1] for i in rows]), cache=run_on, use_cache=True).logits
+        logp = torch.log_softmax(logits.double(), dim=-1)
+        chosen = logp.gather(-1, torch.tensor([paths[i][1:] for i in rows])[..., None])[..., 0].numpy()
+        for row, i in enumerate(rows):
+            out[i] = np.array([out[i][0], *chosen[row]])
+    return out
+
+
+def torch_brute_force_one_by_one(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
+    """:func:`torch_brute_force` one path at a time: the prompt once, each path continuing it alone (full-attention
+    caches cropped back after each path, others copied)."""
     import torch
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
@@ -620,35 +660,73 @@ def check_against_brute_force(backend: Any, wave: Any, context: list[int], logpr
     check_paths(lambda c, p: torch_brute_force(backend.model, c, p), wave, context, logprobs)
 
 
-def mlx_copy(cache):
-    """Copy mlx-lm caches through the cache API: ``from_state`` of a copied state (the state holds the offset)."""
+def mlx_copy(cache, rows: int = 1):
+    """Copy mlx-lm caches through the cache API: ``from_state`` of a copied state (the state holds the offset);
+    with ``rows``, every array repeated that many times along its batch axis (each row its own copy)."""
     import mlx.core as mx
     from mlx.utils import tree_map
 
     def copy(x):
-        return mx.array(x) if isinstance(x, mx.array) else x
+        if not isinstance(x, mx.array):
+            return x
+        return mx.repeat(x, rows, axis=0) if rows > 1 else mx.array(x)
 
     return [type(c).from_state(tree_map(copy, c.state)) for c in cache]
 
 
+def _mlx_log_softmax(x):
+    import mlx.core as mx
+
+    x = x.astype(mx.float32)
+    return np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float64)
+
+
+def _mlx_root(model, context: list[int], cache: Any) -> np.ndarray:
+    """Run the prompt into ``cache`` and return the log-softmax after its last token: all but that token through
+    the model's body (mlx-lm models compute every position's logits, which on a long prompt costs more than the
+    layers), the last through the whole model."""
+    import mlx.core as mx
+
+    if len(context) > 1:
+        mx.eval(model.model(mx.array([context[:-1]]), cache=cache))
+    return _mlx_log_softmax(model(mx.array([context[-1:]]), cache=cache)[0, -1])
+
+
 @remembered
 def mlx_brute_force(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
-    """log p of each path token given everything before it: the prompt once, then each path on its own copy of
-    the model's own caches (mlx-lm masks, positions and sliding-window caches)."""
+    """log p of each path token given everything before it: the prompt once, then paths of one length side by
+    side as the rows of one batch, each row on its own copy of the model's own caches (mlx-lm masks, positions and
+    sliding-window caches; no padding, so a row sees exactly its own sequence). Tested against
+    :func:`mlx_brute_force_one_by_one`."""
     import mlx.core as mx
     from mlx_lm.models.cache import make_prompt_cache
 
-    def log_softmax(x):
-        x = x.astype(mx.float32)
-        return np.array(x - mx.logsumexp(x, axis=-1, keepdims=True), dtype=np.float64)
+    cache = make_prompt_cache(model)
+    root = _mlx_root(model, context, cache)
+    out = [np.array([root[path[0]]]) for path in paths]
+    for rows in same_length_groups(paths):
+        logits = model(mx.array([paths[i][:-1] for i in rows]), cache=mlx_copy(cache, len(rows))).astype(mx.float32)
+        # Each row's own next tokens only, out of the whole vocabulary's log-softmax.
+        chosen = mx.take_along_axis(logits, mx.array([paths[i][1:] for i in rows])[..., None], axis=-1)[..., 0]
+        logp = np.array(chosen - mx.logsumexp(logits, axis=-1), dtype=np.float64)
+        for row, i in enumerate(rows):
+            out[i] = np.array([out[i][0], *logp[row]])
+    return out
+
+
+def mlx_brute_force_one_by_one(model, context: list[int], paths: list[list[int]]) -> list[np.ndarray]:
+    """:func:`mlx_brute_force` one path at a time, each on its own copy of the prompt's caches, the prompt run
+    through the whole model at once."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
-    root = log_softmax(model(mx.array([context]), cache=cache)[0, -1])
+    root = _mlx_log_softmax(model(mx.array([context]), cache=cache)[0, -1])
     out = []
     for path in paths:
         scores = [root[path[0]]]
         if len(path) > 1:
-            logp = log_softmax(model(mx.array([path[:-1]]), cache=mlx_copy(cache))[0])
+            logp = _mlx_log_softmax(model(mx.array([path[:-1]]), cache=mlx_copy(cache))[0])
             scores += [logp[i, t] for i, t in enumerate(path[1:])]
         out.append(np.array(scores))
     return out
