@@ -32,10 +32,11 @@ LAYERS = [
     "backends",
     "models",
     "schema",
+    "heads.thresholds",
     "calibrate.estimators",
     "calibrate.fitted",
+    "calibrate.examples",
     "calibrate.calibrator",
-    "heads.thresholds",
     "heads.gates",
     "heads.fields",
     "heads.head",
@@ -57,9 +58,9 @@ LAYERS = [
 ]
 FACADES = {"__init__.py", "__main__.py", "testing.py", "adapters.py"}
 RANK = {name: n for n, name in enumerate(LAYERS)}
-# Modules that sit below the rest of their package: the lean estimators, what
+# Modules that sit below the rest of their package: thresholds from held-out evidence, the lean estimators, what
 # fitted files share, the calibrator and the decision heads (values the options carry).
-SUBLAYERS = {*LAYERS[LAYERS.index("calibrate.estimators") : LAYERS.index("heads.head") + 1]}
+SUBLAYERS = {*LAYERS[LAYERS.index("heads.thresholds") : LAYERS.index("heads.head") + 1]}
 
 
 def pcd_imports(path: Path) -> set[str]:

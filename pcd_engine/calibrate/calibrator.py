@@ -16,13 +16,20 @@ whose labels are rare in the corpus keeps a prior estimated from few documents (
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pcd_engine.calibrate.estimators import em_bias, mean_prior, reweight
+from pcd_engine.calibrate.examples import (
+    corrected,
+    example_counts,
+    example_priors,
+    held_out_evidence,
+)
 from pcd_engine.calibrate.fitted import (
     Reader,
     check_fitted_on,
@@ -33,6 +40,7 @@ from pcd_engine.calibrate.fitted import (
     write_json_file,
 )
 from pcd_engine.errors import OptionError
+from pcd_engine.heads.thresholds import KeepsHeldOut, checked_floor, checked_held_out
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = [
@@ -80,48 +88,6 @@ def _target(name: str, shares: Sequence[float], width: int, multi: bool) -> tupl
     return values
 
 
-def _example_priors(
-    closed: Sequence[FieldSpec], examples: Sequence[tuple[str, Mapping[str, Any]]]
-) -> dict[str, tuple[float, ...]]:
-    """Each closed field's label shares among labelled ``examples``, add-one smoothed (for a multi-label field,
-    each label's share of "yes"), for the fields any example labels.
-
-    Raises:
-        OptionError: If an example is not ``(text, mapping)``, names a field that is not calibrated, or gives a
-            value the field does not allow.
-    """
-    by_name = {spec.name: spec for spec in closed}
-    counts: dict[str, list[int]] = {}
-    seen: dict[str, int] = {}
-    for i, example in enumerate(examples):
-        if not (isinstance(example, tuple) and len(example) == 2 and isinstance(example[1], Mapping)):
-            raise OptionError(f"Calibration example {i}: expected (text, {{field: value}}), but got {example!r}.")
-        for name, value in example[1].items():
-            spec = by_name.get(name)
-            if spec is None:
-                raise OptionError(
-                    f"Calibration example {i}: expected one of the calibrated fields {list(by_name)}, but got {name!r}."
-                )
-            values = [label.value for label in spec.labels]
-            chosen = value if spec.kind == "multi" else [value]
-            if not isinstance(chosen, list) or any(v not in values for v in chosen):
-                raise OptionError(
-                    f"Calibration example {i}, field {name!r}: expected "
-                    f"{'a list of ' if spec.kind == 'multi' else ''}values from {values}, but got {value!r}."
-                )
-            tally = counts.setdefault(name, [0] * len(values))
-            for v in chosen:
-                tally[values.index(v)] += 1
-            seen[name] = seen.get(name, 0) + 1
-    out = {}
-    for name, tally in counts.items():
-        if by_name[name].kind == "multi":
-            out[name] = tuple((c + 1) / (seen[name] + 2) for c in tally)
-        else:
-            out[name] = tuple((c + 1) / (seen[name] + len(tally)) for c in tally)
-    return out
-
-
 @dataclass(frozen=True)
 class FieldPrior:
     """One closed field's correction.
@@ -133,12 +99,21 @@ class FieldPrior:
             :data:`CALIBRATION_METHODS`); for a multi-label field, each label's prior of "yes".
         prior: The prior the corrected distribution is given instead: uniform (0.5 for each "yes" of a
             multi-label field), or the labels' shares among labelled examples (see :meth:`Calibrator.fit`).
+        held_out: A single-label field's evidence from labelled examples (:meth:`Calibrator.fit`): per example
+            that labels it, the calibrated probability of the decided label and of the true one, the example's own
+            label left out of the prior (:func:`~pcd_engine.calibrate.examples.held_out_evidence`); what
+            thresholds and prediction sets are chosen on. Empty without examples.
+        min_probability: The field's abstention threshold, kept with the calibration
+            (:meth:`Calibrator.with_thresholds`), used as the call option ``min_probability`` is when the call
+            gives none. ``None``: none.
     """
 
     name: str
     labels: tuple[Any, ...]
     bias: tuple[float, ...]
     prior: tuple[float, ...]
+    held_out: tuple[tuple[float, float], ...] = ()
+    min_probability: float | None = None
 
     def __post_init__(self) -> None:
         where = f"Calibration field {self.name!r}"
@@ -157,11 +132,12 @@ class FieldPrior:
             if len(checked) != len(labels):
                 raise OptionError(f"{where}: expected {len(labels)} {what} values, one per label, but got {values!r}.")
             object.__setattr__(self, what, checked)
+        object.__setattr__(self, "held_out", checked_held_out(where, self.held_out))
+        object.__setattr__(self, "min_probability", checked_floor(where, self.min_probability))
 
     def correct(self, probabilities: Sequence[float]) -> tuple[float, ...]:
         """A single-label field's calibrated distribution: ``prior * p / bias``, renormalized."""
-        weights = [pi / b if b > 0 else 0.0 for pi, b in zip(self.prior, self.bias, strict=True)]
-        return reweight(probabilities, weights)
+        return corrected(probabilities, self.prior, self.bias)
 
     def correct_yes(self, index: int, yes: float) -> float:
         """A multi-label field's calibrated probability that label ``index`` applies, from the model's ``yes``."""
@@ -173,8 +149,11 @@ class FieldPrior:
 
 
 @dataclass(frozen=True)
-class Calibrator:
-    """Label-prior corrections for one schema and one model, estimated from unlabelled documents.
+class Calibrator(KeepsHeldOut):
+    """Label-prior corrections for one schema and one model, estimated from unlabelled documents. Fitted with
+    labelled examples, each single-label field keeps their held-out evidence: :meth:`threshold`,
+    :meth:`with_thresholds` and :meth:`set_cutoff` (:class:`~pcd_engine.heads.thresholds.KeepsHeldOut`) choose on
+    it.
 
     Build one with :meth:`fit` (or :meth:`from_distributions`), pass it as ``calibration=`` to
     :meth:`~pcd_engine.engine.Engine.extract`, and keep it with :meth:`save` / :meth:`load`.
@@ -188,6 +167,8 @@ class Calibrator:
         fields: One :class:`FieldPrior` per closed field with more than one label.
         examples: How many labelled examples set the fields' priors (0: the priors are uniform).
     """
+
+    kept_by: ClassVar[str] = "Calibration"
 
     schema_fingerprint: str
     schema_title: str
@@ -338,7 +319,8 @@ class Calibrator:
         call = call.uncorrected().read_whole()
         compiled = compile_schema(schema)
         closed = [s for s in compiled.fields if s.scored and len(s.labels) > 1]
-        priors = _example_priors(closed, examples)
+        counts = example_counts(closed, examples)
+        priors = example_priors(closed, counts)
         texts = [*texts, *(text for text, _ in examples)]
         results: list[dict[str, Any]] = []
         for first in range(0, len(texts), FIT_CHUNK):
@@ -346,10 +328,16 @@ class Calibrator:
             if progress:
                 progress(f"documents {first + 1}-{first + len(chunk)}/{len(texts)}")
             results += engine.read_closed(chunk, compiled, call, batch_size=batch_size)
-        return cls.from_distributions(
-            compiled, result_rows(closed, results), model=engine.model_id, method=method, priors=priors,
-            examples=len(examples),
-        )  # fmt: skip
+        rows = result_rows(closed, results)
+        fitted = cls.from_distributions(
+            compiled, rows, model=engine.model_id, method=method, priors=priors, examples=len(examples)
+        )
+        single = {spec.name for spec in closed if spec.kind != "multi"}
+        return dataclasses.replace(fitted, fields=tuple(
+            dataclasses.replace(f, held_out=held_out_evidence(f.bias, *counts[f.name], rows[f.name][-len(examples):]))
+            if f.name in single and f.name in counts else f
+            for f in fitted.fields
+        ))  # fmt: skip
 
     # ------------------------------------------------------------------------------------------ use
 
@@ -383,9 +371,16 @@ class Calibrator:
             "documents": self.documents,
             "examples": self.examples,
             "fields": [
-                {"name": f.name, "labels": list(f.labels), "bias": list(f.bias), "prior": list(f.prior)}
+                {
+                    "name": f.name,
+                    "labels": list(f.labels),
+                    "bias": list(f.bias),
+                    "prior": list(f.prior),
+                    **({"held_out": [list(pair) for pair in f.held_out]} if f.held_out else {}),
+                    **({"min_probability": f.min_probability} if f.min_probability is not None else {}),
+                }
                 for f in self.fields
-            ],
+            ],  # fmt: skip
         }
 
     @classmethod
@@ -404,7 +399,12 @@ class Calibrator:
                 method=data["method"],
                 documents=data["documents"],
                 examples=data.get("examples", 0),
-                fields=tuple(FieldPrior(f["name"], f["labels"], f["bias"], f["prior"]) for f in data["fields"]),
+                fields=tuple(
+                    FieldPrior(
+                        f["name"], f["labels"], f["bias"], f["prior"], f.get("held_out", ()), f.get("min_probability")
+                    )
+                    for f in data["fields"]
+                ),  # fmt: skip
             )
 
         return from_fitted_json(data, where=where, kind="pcd calibration", fmt=_FORMAT, build=build)

@@ -53,6 +53,14 @@ class Calibrated(Decider):
     def open_lean(self, schema: Schema, *, strategy: str | None, marginal_max_labels: int, read: LeanReader) -> Lean:
         return Lean(self.source, self.calibrator)
 
+    def threshold(self, spec: FieldSpec) -> float | None:
+        prior = self.calibrator.field(spec.name)
+        return None if prior is None else prior.min_probability
+
+    def set_cutoff(self, spec: FieldSpec, level: float) -> float | None:
+        prior = self.calibrator.field(spec.name)
+        return self.calibrator.set_cutoff(spec.name, level) if prior is not None and prior.held_out else None
+
 
 class Headed(Decider):
     """A decision head: each field it has a head for is decided by the head from the pass's hidden states; the

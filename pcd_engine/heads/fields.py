@@ -16,6 +16,7 @@ from typing import Any
 
 from pcd_engine.calibrate.fitted import finite_real
 from pcd_engine.errors import OptionError
+from pcd_engine.heads.thresholds import checked_floor, checked_held_out
 
 __all__ = [
     "TEMPERATURE_PRIOR",
@@ -53,21 +54,6 @@ def _reals(where: str, values: Any, width: int | None) -> tuple[float, ...]:
     if not isinstance(values, (list, tuple)) or (width is not None and len(values) != width):
         raise OptionError(f"{where}: expected a list of {width if width is not None else 'some'} numbers.")
     return tuple(_real(where, v) for v in values)
-
-
-def _held_out(where: str, pairs: Any) -> tuple[tuple[float, float], ...]:
-    """``pairs`` as held-out evidence: pairs of probabilities in [0, 1], the true label's at most the decided one's."""
-    if not isinstance(pairs, (list, tuple)):
-        raise OptionError(f"{where} held_out: expected a list of [decided, true] probability pairs.")
-    out = []
-    for pair in pairs:
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise OptionError(f"{where} held_out: expected [decided, true] probability pairs, but got {pair!r}.")
-        top, truth = _real(f"{where} held_out", pair[0]), _real(f"{where} held_out", pair[1])
-        if not 0 <= truth <= top <= 1:
-            raise OptionError(f"{where} held_out: expected 0 <= true <= decided <= 1, but got {list(pair)!r}.")
-        out.append((top, truth))
-    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -138,11 +124,8 @@ class FieldHead:
         object.__setattr__(self, "bias", bias)
         object.__setattr__(self, "seen", seen)
         object.__setattr__(self, "temperature", temperature)
-        object.__setattr__(self, "held_out", _held_out(where, self.held_out))
-        floor = self.min_probability
-        if floor is not None and not 0 < _real(f"{where} min_probability", floor) <= 1:
-            raise OptionError(f"{where} min_probability: expected a number in (0, 1] or None, but got {floor!r}.")
-        object.__setattr__(self, "min_probability", None if floor is None else float(floor))
+        object.__setattr__(self, "held_out", checked_held_out(where, self.held_out))
+        object.__setattr__(self, "min_probability", checked_floor(where, self.min_probability))
 
     @property
     def width(self) -> int:

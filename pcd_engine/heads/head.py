@@ -22,7 +22,7 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pcd_engine.calibrate.fitted import (
     Reader,
@@ -35,7 +35,7 @@ from pcd_engine.calibrate.fitted import (
 from pcd_engine.errors import OptionError
 from pcd_engine.heads.fields import FieldHead, fit_flag_head, fit_scaled_head, held_out_yes, tempered
 from pcd_engine.heads.gates import Gate, gate, scores
-from pcd_engine.heads.thresholds import Threshold, choose_threshold, set_cutoff
+from pcd_engine.heads.thresholds import KeepsHeldOut
 from pcd_engine.schema import FieldSpec, Schema
 
 __all__ = ["FEATURE_RECIPES", "FIT_CHUNK", "HEADED_KINDS", "Head", "example_targets", "fold_copies"]
@@ -55,8 +55,10 @@ FIT_CHUNK = 64
 
 
 @dataclass(frozen=True)
-class Head:
-    """Decision heads for a schema's closed fields, fitted with one model, kept as JSON.
+class Head(KeepsHeldOut):
+    """Decision heads for a schema's closed fields, fitted with one model, kept as JSON. Each single-label field
+    keeps its folds' held-out evidence: :meth:`threshold`, :meth:`with_thresholds` and :meth:`set_cutoff`
+    (:class:`~pcd_engine.heads.thresholds.KeepsHeldOut`) choose on it.
 
     Attributes:
         schema_fingerprint: The fingerprint of the schema it was fitted on.
@@ -68,6 +70,8 @@ class Head:
         gates: From :meth:`fit`, each field's head against the model's own decision on held-out examples
             (:class:`~pcd_engine.heads.gates.Gate`); not saved, and empty on a loaded head.
     """
+
+    kept_by: ClassVar[str] = "Head"
 
     schema_fingerprint: str
     schema_title: str
@@ -175,55 +179,8 @@ class Head:
         """The head of field ``name``, or ``None`` when it has none."""
         return next((f for f in self.fields if f.name == name), None)
 
-    def threshold(self, field: str, *, accuracy: float = 0.95, seed: int = 0) -> Threshold:
-        """The abstention threshold at which field ``field``'s held-out examples reach ``accuracy``, with the coverage
-        it leaves and a 95% interval of the accuracy there (bootstrap, at least Wilson's)
-        (:func:`~pcd_engine.heads.thresholds.choose_threshold`, on :attr:`FieldHead.held_out`).
-
-        Raises:
-            OptionError: If the head has no such field, the field keeps no held-out evidence (a multi-label field,
-                or a head saved before it was kept: refit it), or ``accuracy`` is not in (0, 1].
-        """
-        return choose_threshold(field, self._held_out(field, "a threshold"), accuracy=accuracy, seed=seed)
-
-    def with_thresholds(self, *, accuracy: float, fields: Sequence[str] | None = None, seed: int = 0) -> Head:
-        """This head with an abstention threshold (:attr:`FieldHead.min_probability`) on each field, chosen for
-        ``accuracy`` by :meth:`threshold`; saved with it, and used by every call that decides with it and gives no
-        ``min_probability`` of its own.
-
-        Args:
-            accuracy: The target accuracy, in (0, 1].
-            fields: The fields to set (``None``: every field that keeps held-out evidence).
-            seed: Seeds the bootstrap.
-
-        Raises:
-            OptionError: As :meth:`threshold`, for a field named in ``fields``.
-        """
-        named = [f.name for f in self.fields if f.held_out] if fields is None else list(fields)
-        chosen = {name: self.threshold(name, accuracy=accuracy, seed=seed).probability for name in named}
-        heads = tuple(
-            dataclasses.replace(f, min_probability=chosen[f.name]) if f.name in chosen else f for f in self.fields
-        )
-        return dataclasses.replace(self, fields=heads)
-
-    def set_cutoff(self, field: str, level: float) -> float:
-        """The probability a label of field ``field`` needs to join its prediction set at ``level``
-        (:func:`~pcd_engine.heads.thresholds.set_cutoff`, split conformal on :attr:`FieldHead.held_out`).
-
-        Raises:
-            OptionError: As :meth:`threshold`, or if ``level`` is not in (0, 1).
-        """
-        return set_cutoff(self._held_out(field, "a prediction set"), level)
-
-    def _held_out(self, field: str, what: str) -> tuple[tuple[float, float], ...]:
-        head = self.field(field)
-        if head is None:
-            raise OptionError(f"Head: expected one of its fields {[f.name for f in self.fields]}, but got {field!r}.")
-        if not head.held_out:
-            why = "a multi-label head" if head.kind == "multi" else "saved without them; refit it"
-            raise OptionError(f"Head field {field!r}: {what} needs the head's held-out evidence, but it has none "
-                              f"({why}).")  # fmt: skip
-        return head.held_out
+    def _why_none(self, entry: Any) -> str:
+        return "a multi-label head" if entry.kind == "multi" else "saved without them; refit it"
 
     def check(self, schema: Schema, model: str) -> None:
         """Refuse a schema or model other than the ones it was fitted on, and fields that do not fit the schema.

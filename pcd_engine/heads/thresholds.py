@@ -8,21 +8,36 @@ gave its decided label and the probability it gave the true one (:data:`HeldOut`
 - :func:`risk_coverage`: accuracy against coverage at every threshold the examples distinguish (the curve a
   risk-coverage plot draws);
 - :func:`set_cutoff` and :func:`prediction_set`: split conformal prediction sets, the smallest set of labels that
-  holds the true label with a chosen probability.
+  holds the true label with a chosen probability;
+- :class:`KeepsHeldOut`: ``threshold``, ``with_thresholds`` and ``set_cutoff`` for a fitted value whose fields keep
+  their evidence (a :class:`~pcd_engine.heads.head.Head`, a :class:`~pcd_engine.calibrate.calibrator.Calibrator`
+  fitted with labelled examples).
 
 Plain statistics over numbers; nothing here reads a model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from pcd_engine.errors import OptionError
 
-__all__ = ["HeldOut", "Threshold", "choose_threshold", "prediction_set", "risk_coverage", "set_cutoff", "wilson"]
+__all__ = [
+    "HeldOut",
+    "KeepsHeldOut",
+    "Threshold",
+    "checked_floor",
+    "checked_held_out",
+    "choose_threshold",
+    "prediction_set",
+    "risk_coverage",
+    "set_cutoff",
+    "wilson",
+]
 
 HeldOut = Sequence[tuple[float, float]]
 """Held-out evidence: per example, ``(probability of the decided label, probability of the true label)``. An example
@@ -178,3 +193,113 @@ def prediction_set(labels: Sequence[Any], distribution: Sequence[float], cutoff:
     never empty)."""
     order = sorted(range(len(labels)), key=lambda i: -distribution[i])
     return tuple(labels[i] for k, i in enumerate(order) if k == 0 or distribution[i] >= cutoff)
+
+
+def _probability(where: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise OptionError(f"{where}: expected a finite number, but got {value!r}.")
+    return float(value)
+
+
+def checked_held_out(where: str, pairs: Any) -> tuple[tuple[float, float], ...]:
+    """``pairs`` as held-out evidence (:data:`HeldOut`): pairs of probabilities in [0, 1], the true label's at most
+    the decided one's.
+
+    Raises:
+        OptionError: Naming ``where``, if they are not.
+    """
+    if not isinstance(pairs, (list, tuple)):
+        raise OptionError(f"{where} held_out: expected a list of [decided, true] probability pairs.")
+    out = []
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise OptionError(f"{where} held_out: expected [decided, true] probability pairs, but got {pair!r}.")
+        top, truth = (_probability(f"{where} held_out", v) for v in pair)
+        if not 0 <= truth <= top <= 1:
+            raise OptionError(f"{where} held_out: expected 0 <= true <= decided <= 1, but got {list(pair)!r}.")
+        out.append((top, truth))
+    return tuple(out)
+
+
+def checked_floor(where: str, value: Any) -> float | None:
+    """``value`` as an abstention threshold kept with a fitted field: ``None`` or a number in (0, 1].
+
+    Raises:
+        OptionError: Naming ``where``, if it is neither.
+    """
+    if value is None:
+        return None
+    if not 0 < _probability(f"{where} min_probability", value) <= 1:
+        raise OptionError(f"{where} min_probability: expected a number in (0, 1] or None, but got {value!r}.")
+    return float(value)
+
+
+_Kept = TypeVar("_Kept", bound="KeepsHeldOut")
+
+
+class KeepsHeldOut:
+    """Thresholds and prediction sets for a frozen fitted value whose ``fields`` keep ``held_out`` evidence
+    (:data:`HeldOut`) and a ``min_probability`` each, found by name with ``field(name)``.
+
+    A subclass names itself in messages (:attr:`kept_by`) and says why a field has no evidence
+    (:meth:`_why_none`)."""
+
+    kept_by: ClassVar[str] = "fitted value"
+    fields: tuple[Any, ...]
+
+    def field(self, name: str) -> Any:  # pragma: no cover - every subclass has its own
+        raise NotImplementedError
+
+    def _why_none(self, entry: Any) -> str:
+        return "saved without them; refit it"
+
+    def threshold(self, field: str, *, accuracy: float = 0.95, seed: int = 0) -> Threshold:
+        """The abstention threshold at which field ``field``'s held-out examples reach ``accuracy``, with the coverage
+        it leaves and a 95% interval of the accuracy there (bootstrap, at least Wilson's; :func:`choose_threshold`
+        on the field's ``held_out`` evidence).
+
+        Raises:
+            OptionError: If there is no such field, the field keeps no held-out evidence, or ``accuracy`` is not in
+                (0, 1].
+        """
+        return choose_threshold(field, self._held_out(field, "a threshold"), accuracy=accuracy, seed=seed)
+
+    def with_thresholds(self: _Kept, *, accuracy: float, fields: Sequence[str] | None = None, seed: int = 0) -> _Kept:
+        """A copy with an abstention threshold (each field's ``min_probability``) chosen for ``accuracy`` by
+        :meth:`threshold`; saved with it, and used by every call that decides with it and gives no
+        ``min_probability`` of its own.
+
+        Args:
+            accuracy: The target accuracy, in (0, 1].
+            fields: The fields to set (``None``: every field that keeps held-out evidence).
+            seed: Seeds the bootstrap.
+
+        Raises:
+            OptionError: As :meth:`threshold`, for a field named in ``fields``.
+        """
+        named = [f.name for f in self.fields if f.held_out] if fields is None else list(fields)
+        chosen = {name: self.threshold(name, accuracy=accuracy, seed=seed).probability for name in named}
+        kept = tuple(
+            dataclasses.replace(f, min_probability=chosen[f.name]) if f.name in chosen else f for f in self.fields
+        )
+        return dataclasses.replace(self, fields=kept)  # type: ignore[type-var]
+
+    def set_cutoff(self, field: str, level: float) -> float:
+        """The probability a label of field ``field`` needs to join its prediction set at ``level``
+        (:func:`set_cutoff`, split conformal on the field's ``held_out`` evidence).
+
+        Raises:
+            OptionError: As :meth:`threshold`, or if ``level`` is not in (0, 1).
+        """
+        return set_cutoff(self._held_out(field, "a prediction set"), level)
+
+    def _held_out(self, field: str, what: str) -> tuple[tuple[float, float], ...]:
+        entry = self.field(field)
+        if entry is None:
+            raise OptionError(
+                f"{self.kept_by}: expected one of its fields {[f.name for f in self.fields]}, but got {field!r}."
+            )
+        if not entry.held_out:
+            raise OptionError(f"{self.kept_by} field {field!r}: {what} needs the {self.kept_by.lower()}'s held-out "
+                              f"evidence, but it has none ({self._why_none(entry)}).")  # fmt: skip
+        return tuple(entry.held_out)

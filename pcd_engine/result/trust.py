@@ -81,6 +81,6 @@ def with_prediction_sets(
     if missing:
         warnings.append(
             f"Fields {missing}: no prediction set at {level} (it needs held-out evidence from labelled examples: a "
-            "head fitted with Head.fit or pcd fit keeps it)."
+            "head fitted with Head.fit or pcd fit keeps it, and so does a calibration fitted with examples)."
         )
     return out

@@ -392,3 +392,35 @@ def test_pcd_tag_calibrate_fits_once_tags_calibrated_and_resumes_with_the_same_c
     assert capsys.readouterr().err.strip() == (
         "pcd tag: error: expected either --calibrate N or --calibration CAL.json, but got both."
     )
+
+
+def test_pcd_calibrate_with_examples_keeps_their_evidence_and_thresholds(tiny_folder, tmp_path, capsys):
+    """``--examples`` (a labelled table, as pcd fit reads it) sets the priors and keeps the held-out evidence;
+    ``--accuracy`` keeps each field's threshold and prints the table; both refused without examples, before any
+    model work."""
+    from pcd_engine.tools.cli import main
+
+    source = tmp_path / "docs.jsonl"
+    source.write_text("".join(json.dumps({"text": f"Parcel {i} is late, refund me."}) + "\n" for i in range(4)))
+    labelled = tmp_path / "labelled.csv"
+    rows = [("Refund today!", "1_HOUR"), ("Whenever.", "1_WEEK"), ("Now!", "1_HOUR"), ("Tomorrow.", "12_HOURS")]
+    labelled.write_text("text,deadline\n" + "".join(f"{t},{d}\n" for t, d in rows))
+    (tmp_path / "s.json").write_text(json.dumps(SCHEMA))
+    out = tmp_path / "cal.json"
+    schema = str(tmp_path / "s.json")
+    argv = ["calibrate", tiny_folder, "--backend", "torch", "--schema", schema, "--input", str(source)]
+    assert main([*argv, "-o", str(out), "-q", "--examples", str(labelled), "--accuracy", "0.5"]) == 0
+    printed = capsys.readouterr().out
+    cal = Calibrator.load(out)
+    assert (cal.documents, cal.examples) == (8, 4)
+    deadline = cal.field("deadline")
+    assert len(deadline.held_out) == 4 and all(f.held_out == () for f in cal.fields if f.name != "deadline")
+    assert deadline.min_probability == cal.threshold("deadline", accuracy=0.5).probability
+    assert "thresholds of" in printed and "kept with the calibration for 50%: deadline abstains below" in printed
+    for flags in (["--accuracy", "0.9"], ["--risk-plot", str(tmp_path / "r.png")]):
+        assert main([*argv, "-o", str(out), *flags]) == 1
+        assert (
+            capsys.readouterr()
+            .err.strip()
+            .endswith("expected --examples too (thresholds are chosen on labelled examples).")
+        )

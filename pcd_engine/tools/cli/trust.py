@@ -22,13 +22,14 @@ _PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 def add_trust_flags(parser: Any, *, keep: bool) -> None:
-    """``--risk-plot``, and with ``keep`` (``pcd fit``) ``--accuracy``, which keeps the thresholds with the head."""
+    """``--risk-plot``, and with ``keep`` (``pcd fit``, ``pcd calibrate``) ``--accuracy``, which keeps the thresholds
+    with what is fitted."""
     parser.add_argument("--risk-plot", default=None, metavar="PLOT.png", help="write a risk-coverage plot: the "
                         "accuracy of the answers kept against the share kept, as the threshold rises")  # fmt: skip
     if keep:
         parser.add_argument("--accuracy", type=float, default=None, metavar="A", help="keep with each field the "
                             "abstention threshold that reaches accuracy A (e.g. 0.95) on its held-out examples; "
-                            "calls with the head then abstain below it")  # fmt: skip
+                            "calls with what is fitted then abstain below it")  # fmt: skip
 
 
 def check_trust_flags(args: argparse.Namespace) -> None:
