@@ -5,8 +5,10 @@ For each dataset, ``--docs`` documents (first ``--max-chars`` characters) are de
 pcd's own passes (``Engine.read_features``: the default correction's distribution and the features a head reads). For
 each number of labelled examples per label and each seeded draw, a head is fitted on the drawn examples exactly as
 ``Head.fit`` fits it (``fit_scaled_head``: a temperature fitted on its own held-out folds, whose evidence it keeps),
-and the zero-shot default is given the same examples as its evidence (it is fitted on none of them, so its readings
-of them are held out). Then, on every other document:
+the zero-shot default is given the same examples as its evidence (it is fitted on none of them, so its readings
+of them are held out), and a calibration is fitted as ``Calibrator.fit(method="em", examples=...)`` fits it on the
+other documents (unlabelled) and the drawn examples, keeping the examples' held-out evidence. Then, on every other
+document:
 
 - ECE of the head before and after its temperature (and the default's);
 - for each target accuracy, the threshold chosen on the examples (``choose_threshold``), the coverage and the
@@ -37,7 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.bench_heads import draw  # noqa: E402
 from benchmarks.common import labelled_arguments  # noqa: E402
-from pcd_engine import Engine, compile_schema  # noqa: E402
+from pcd_engine import Calibrator, Engine, compile_schema  # noqa: E402
+from pcd_engine.calibrate.examples import held_out_evidence  # noqa: E402
 from pcd_engine.heads.fields import fit_scaled_head  # noqa: E402
 from pcd_engine.heads.gates import scores  # noqa: E402
 from pcd_engine.heads.thresholds import choose_threshold, prediction_set, set_cutoff  # noqa: E402
@@ -49,7 +52,8 @@ DATASETS = {
     "bbc-news": ("topic", "The section of the news site", (10, 50)),
     "rotten-tomatoes": ("verdict", "The review", (10, 50)),
 }
-TARGETS = (0.90, 0.95)
+TARGETS = (0.70, 0.90, 0.95)
+READERS = ("zero-shot default", "calibration with examples", "head")
 LEVEL = 0.9
 
 
@@ -73,7 +77,22 @@ def set_scores(test: np.ndarray, gold: np.ndarray, cutoff: float) -> tuple[float
     return float(np.mean([g in s for g, s in zip(gold, sets, strict=True)])), float(np.mean([len(s) for s in sets]))
 
 
-def readers(x: np.ndarray, default: np.ndarray, gold: np.ndarray, labels: list[str], k: int, seed: int) -> dict:
+def calibrated(raw: np.ndarray, gold: np.ndarray, labels: list[str], train: list, test: list) -> tuple:
+    """A calibration fitted as ``Calibrator.fit(method="em", examples=...)`` fits it: the lean on the other
+    documents' and the examples' own readings, the prior from the examples' labels; its held-out distributions and
+    the examples' evidence (each under the prior of the other examples' labels)."""
+    tally = [int((gold[train] == k).sum()) for k in range(len(labels))]
+    prior = [(c + 1) / (len(train) + len(labels)) for c in tally]
+    schema = compile_schema(eval_schema("f", labels))
+    rows = np.concatenate([raw[test], raw[train]]).tolist()
+    cal = Calibrator.from_distributions(schema, {"f": rows}, model="m", method="em", priors={"f": prior})
+    field = cal.field("f")
+    held = held_out_evidence(field.bias, tally, [[int(g)] for g in gold[train]], raw[train].tolist())
+    return np.array([field.correct(r) for r in raw[test]]), list(held)
+
+
+def readers(x: np.ndarray, raw: np.ndarray, default: np.ndarray, gold: np.ndarray, labels: list[str], k: int,
+            seed: int) -> dict:  # fmt: skip
     """Each reader's held-out distributions (scaled, and the head's unscaled) and its evidence on the examples."""
     train, test = draw(gold, k, seed)
     head, _ = fit_scaled_head("f", labels, x[train].tolist(), gold[train].tolist(), seed=seed)
@@ -83,30 +102,32 @@ def readers(x: np.ndarray, default: np.ndarray, gold: np.ndarray, labels: list[s
         "head": (np.array([head.probabilities(r) for r in x[test]]), list(head.held_out)),
         "head, unscaled": (np.array([plain.probabilities(r) for r in x[test]]), None),
         "zero-shot default": (default[test], evidence(default[train], gold[train])),
+        "calibration with examples": calibrated(raw, gold, labels, list(train), list(test)),
     }
 
 
 def read(engine: Engine | None, name: str, docs: int, max_chars: int, cache: Path | None) -> tuple:
-    """The documents' features, default distributions, gold label indices and labels (kept in ``cache`` when
-    given, to rerun the tables without the model)."""
+    """The documents' features, the model's own and the default distributions, gold label indices and labels (kept
+    in ``cache`` when given, to rerun the tables without the model)."""
     field, description, _ = DATASETS[name]
-    kept = None if cache is None else cache / f"trust-{name}-{docs}-{max_chars}.npz"
+    kept = None if cache is None else cache / f"trust2-{name}-{docs}-{max_chars}.npz"
     data = list(load_dataset(name))
     random.Random(0).shuffle(data)
     data = data[:docs]
     labels = sorted({d.label for d in data})
     if kept is not None and kept.exists():
         saved = np.load(kept)
-        return saved["x"], saved["default"], saved["gold"], labels
+        return saved["x"], saved["raw"], saved["default"], saved["gold"], labels
     schema = eval_schema(field, labels, description=description)
     rows = (engine or Engine.load()).read_features([d.text[:max_chars] for d in data], schema)
     x = np.array([features[field] for _, features in rows])
     default = np.array([results[field].label_distribution for results, _ in rows])
+    raw = np.array([results[field].raw_distribution or results[field].label_distribution for results, _ in rows])
     gold = np.array([labels.index(d.label) for d in data])
     if kept is not None:
         kept.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(kept, x=x, default=default, gold=gold)
-    return x, default, gold, labels
+        np.savez(kept, x=x, raw=raw, default=default, gold=gold)
+    return x, raw, default, gold, labels
 
 
 def threshold_row(runs: dict, reader: str, k: int, target: float, gold: np.ndarray, draws: int) -> str:
@@ -135,14 +156,14 @@ def threshold_row(runs: dict, reader: str, k: int, target: float, gold: np.ndarr
 def dataset_tables(name: str, docs: int, max_chars: int, draws: int, cache: Path | None) -> None:
     field, _, shots = DATASETS[name]
     tick = time.perf_counter()
-    x, default, gold, labels = read(None, name, docs, max_chars, cache)
+    x, raw, default, gold, labels = read(None, name, docs, max_chars, cache)
     print(f"\n## {name}: {len(gold)} documents, {len(labels)} labels, first {max_chars} characters, {draws} draws "
           f"(read in {time.perf_counter() - tick:.0f} s)")  # fmt: skip
-    runs = {(k, seed): readers(x, default, gold, labels, k, seed) for k in shots for seed in range(draws)}
+    runs = {(k, seed): readers(x, raw, default, gold, labels, k, seed) for k in shots for seed in range(draws)}
     print("\nheld-out accuracy and ECE, %, mean of the draws")
     print("| reader | " + " | ".join(f"{k} per label: accuracy / ECE" for k in shots) + " |")
     print("|---|" + "---|" * len(shots))
-    for reader in ("zero-shot default", "head, unscaled", "head"):
+    for reader in ("zero-shot default", "calibration with examples", "head, unscaled", "head"):
         cells = []
         for k in shots:
             got = [scores(runs[k, s][reader][0], gold[runs[k, s]["test"]]) for s in range(draws)]
@@ -156,14 +177,14 @@ def dataset_tables(name: str, docs: int, max_chars: int, draws: int, cache: Path
     print("| reader | per label | target | reached | threshold | coverage on examples | accuracy on examples "
           "[interval] | coverage held out | accuracy held out | inside |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for reader in ("zero-shot default", "head"):
+    for reader in READERS:
         for k in shots:
             for target in TARGETS:
                 print(threshold_row(runs, reader, k, target, gold, draws))
     print(f"\n{LEVEL:.0%} prediction sets (split conformal on the examples' evidence), held out, mean of the draws")
     print("| reader | per label | coverage | mean size | per draw coverage |")
     print("|---|---|---|---|---|")
-    for reader in ("zero-shot default", "head"):
+    for reader in READERS:
         for k in shots:
             got = []
             for s in range(draws):
@@ -200,7 +221,8 @@ def head_scope(x: np.ndarray, gold: np.ndarray, left: int, *, per_label: int = 1
 def scope_table(name: str, per_label: int, max_chars: int, cached: tuple | None = None) -> None:
     """'None of these': for each label left out of the schema, how well its documents (whose true answer is not
     among the labels) are told from the others by a low probability of the answer, by a low mass on the allowed
-    labels, and by an explicit "none of these" label decided with the others. Default options."""
+    labels, and by an explicit "none of these" label decided with the others (and, given ``cached`` features and gold
+    labels, by a head's low probability). Default options."""
     field, description, _ = DATASETS[name]
     data = list(load_dataset(name))
     random.Random(2).shuffle(data)
@@ -220,7 +242,7 @@ def scope_table(name: str, per_label: int, max_chars: int, cached: tuple | None 
         flagged = [s for s, o in zip(said, out, strict=True) if o]
         alarms = [s for s, o in zip(said, out, strict=True) if not o]
         split = [(score, o) for score, o in zip(probability, out, strict=True)]
-        by_head = float("nan") if cached is None else head_scope(cached[0], cached[2], labels.index(left))
+        by_head = float("nan") if cached is None else head_scope(cached[0], cached[1], labels.index(left))
         rows.append((left, auroc([a for a, o in split if o], [a for a, o in split if not o]),
                      auroc([m for m, o in zip(mass, out, strict=True) if o],
                            [m for m, o in zip(mass, out, strict=True) if not o]),
@@ -252,8 +274,9 @@ def main() -> None:
     if args.order_docs:
         order_table("bbc-news", args.order_docs, args.max_chars, args.orders)
     if args.scope_per_label:
-        cached = read(None, "bbc-news", args.docs, args.max_chars, args.cache) if args.cache else None
-        scope_table("bbc-news", args.scope_per_label, args.max_chars, cached)
+        read_once = read(None, "bbc-news", args.docs, args.max_chars, args.cache) if args.cache else None
+        heads = None if read_once is None else (read_once[0], read_once[3])  # features and gold labels
+        scope_table("bbc-news", args.scope_per_label, args.max_chars, heads)
 
 
 def order_table(name: str, docs: int, max_chars: int, counts: Sequence[int]) -> None:
