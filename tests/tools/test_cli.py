@@ -1057,3 +1057,31 @@ def test_fit_refuses_bad_examples_in_one_line(capsys, tiny, tmp_path, table, ext
     code, out, err = run(capsys, *argv, *extra, "-q")
     assert code == 1 and needle in err, err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize("command", ["eval", "tag", "fit", "calibrate"])
+@pytest.mark.parametrize("limit", ["0", "-3", "many"])
+def test_a_limit_that_is_not_a_count_is_refused_as_usage(capsys, command, limit):
+    """``--limit 0`` read every document and ``--limit -3`` all but three (issue 59): now a usage error, one line,
+    before anything is read or loaded."""
+    with pytest.raises(SystemExit) as exc:
+        main([command, "no-such-model", "--limit", limit])
+    assert exc.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == (
+        f"pcd {command}: error: argument --limit: expected a count of documents (an integer >= 1), but got {limit!r}"
+    )
+
+
+@pytest.mark.parametrize("command", ["fit", "calibrate"])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(capsys, tmp_path, command):
+    """The output is checked first: a missing folder fails before the schema, the documents or the model (all
+    missing here) are looked at."""
+    missing = tmp_path / "no-such-folder" / "out.json"
+    argv = [command, "no-such-model", "--schema", str(tmp_path / "no-schema.json"), "--input", str(tmp_path / "none")]
+    code, _, err = run(capsys, *argv, "-o", str(missing))
+    assert code == 1
+    assert err.strip() == (
+        f"pcd {command}: error: Output {str(missing)!r}: expected a file path in an existing folder this process can "
+        "write to."
+    )

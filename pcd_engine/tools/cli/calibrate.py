@@ -22,7 +22,7 @@ def add(sub: Any) -> None:
     p.add_argument("--preset", metavar="PRESET", help="example preset name or preset .json file (instead of --schema)")
     p.add_argument("--input", required=True, help="the documents: .jsonl, .csv, .parquet or a folder (as pcd tag)")
     p.add_argument("--text-column", default="text", help="the column holding the text (default: text)")
-    p.add_argument("--limit", type=int, default=None, help="read only the first N documents")
+    p.add_argument("--limit", type=common.count, default=None, help="read only the first N documents")
     p.add_argument("--method", default="em", choices=CALIBRATION_METHODS, help="default: em")
     p.add_argument("--examples", default=None, metavar="LABELLED", help="labelled documents, read as pcd fit --input "
                    "reads them (a text column, a column per field): their labels set the prior the corrected answers "
@@ -39,6 +39,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from pcd_engine.tagging.corpus import read_corpus
     from pcd_engine.tools.cli.fit import labelled_examples
 
+    common.check_output(args.output)
     check_trust_flags(args)
     if args.examples is None and (args.accuracy is not None or args.risk_plot is not None):
         given = "--accuracy" if args.accuracy is not None else "--risk-plot"

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pcd_engine.errors import OptionError
+from pcd_engine.errors import InputError, OptionError
 from pcd_engine.models.resolve import DEFAULT_MODEL
 from pcd_engine.options import CORRECTIONS, STRATEGIES, STRATEGY_ALIASES, ExtractOptions, surface_options
 
@@ -16,6 +18,31 @@ if TYPE_CHECKING:
 
 
 __all__ = ["describe", "extract_options", "load_engine", "read_schema", "with_decoding", "with_model"]
+
+
+def count(text: str) -> int:
+    """An argparse ``type`` for a count of documents: an integer of at least 1 (``--limit 0`` or ``-3`` would
+    otherwise read everything, or all but three)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count of documents (an integer >= 1), but got {text!r}")
+    return value
+
+
+def check_output(path: str, what: str = "Output") -> Path:
+    """``path`` as a file the command will write, refused before any work unless it names a file in an existing,
+    writable folder.
+
+    Raises:
+        InputError: Naming ``what`` and the path.
+    """
+    out = Path(path)
+    if out.is_dir() or not out.parent.is_dir() or not os.access(out.parent, os.W_OK):
+        raise InputError(f"{what} {path!r}: expected a file path in an existing folder this process can write to.")
+    return out
 
 
 def extract_options(args: argparse.Namespace) -> ExtractOptions:

@@ -33,7 +33,7 @@ def add(sub: Any) -> None:
     p.add_argument("--schema", metavar="S.json", help="decide --field inside this schema instead")
     p.add_argument("--description", help="description of the field shown to the model")
     p.add_argument("--against", default="none", help="comma-separated baselines: ar, outlines (default: none)")
-    p.add_argument("--limit", type=int, default=None, help="a seeded random sample of this many documents")
+    p.add_argument("--limit", type=common.count, default=None, help="a seeded random sample of this many documents")
     p.add_argument("--seed", type=int, default=0, help="sample seed (default: 0)")
     p.add_argument("--max-chars", type=int, default=None, help="cut each document to this many characters")
     p.add_argument("--plot", metavar="OUT.png", help="write accuracy against latency")

@@ -20,7 +20,6 @@ import argparse
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from pcd_engine.errors import InputError, OptionError
@@ -53,7 +52,7 @@ def add(sub: Any) -> None:
     p.add_argument("--id-column", default=None, help="with --labels: the input's id column (default: row number)")
     p.add_argument("--field", action="append", default=None, help="fit this field only (repeatable; default: every "
                    "single-choice field with a column)")  # fmt: skip
-    p.add_argument("--limit", type=int, default=None, help="read only the first N labelled documents")
+    p.add_argument("--limit", type=common.count, default=None, help="read only the first N labelled documents")
     p.add_argument("--require-better", action="store_true", help="fail unless every head beats the model's own answer")
     p.add_argument("-o", "--output", required=True, metavar="HEAD.json", help="where to write the head")
     add_trust_flags(p, keep=True)
@@ -66,9 +65,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
     if args.head:
         raise OptionError("pcd fit: expected no --head: it fits a new one.")
-    output = Path(args.output)
-    if output.is_dir() or not output.parent.is_dir():
-        raise InputError(f"Output {args.output!r}: expected a file path in an existing folder.")
+    output = common.check_output(args.output)
     check_trust_flags(args)
     schema, examples = fit_examples(args)
     options = common.extract_options(args)

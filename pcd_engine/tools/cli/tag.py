@@ -34,7 +34,7 @@ def add(sub: Any) -> None:
     p.add_argument("--output", required=True, metavar="OUT.parquet", help="the table to write (resumed if there)")
     p.add_argument("--text-column", default="text", help="the column with the texts (default: text)")
     p.add_argument("--id-column", default=None, help="the column with unique ids (default: row number or file path)")
-    p.add_argument("--limit", type=int, default=None, help="tag only the first N documents")
+    p.add_argument("--limit", type=common.count, default=None, help="tag only the first N documents")
     p.add_argument(
         "--part-size", type=int, default=64, help="documents per part file, the most a crash loses (default: 64)"
     )
