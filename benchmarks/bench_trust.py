@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.bench_heads import draw  # noqa: E402
 from benchmarks.common import labelled_arguments  # noqa: E402
 from pcd_engine import Calibrator, Engine, compile_schema  # noqa: E402
-from pcd_engine.calibrate.examples import held_out_evidence  # noqa: E402
+from pcd_engine.calibrate.examples import example_priors, held_out_evidence  # noqa: E402
 from pcd_engine.heads.fields import fit_scaled_head  # noqa: E402
 from pcd_engine.heads.gates import scores  # noqa: E402
 from pcd_engine.heads.thresholds import choose_threshold, prediction_set, set_cutoff  # noqa: E402
@@ -81,13 +81,13 @@ def calibrated(raw: np.ndarray, gold: np.ndarray, labels: list[str], train: list
     """A calibration fitted as ``Calibrator.fit(method="em", examples=...)`` fits it: the lean on the other
     documents' and the examples' own readings, the prior from the examples' labels; its held-out distributions and
     the examples' evidence (each under the prior of the other examples' labels)."""
-    tally = [int((gold[train] == k).sum()) for k in range(len(labels))]
-    prior = [(c + 1) / (len(train) + len(labels)) for c in tally]
     schema = compile_schema(eval_schema("f", labels))
+    tally, given = [int((gold[train] == k).sum()) for k in range(len(labels))], [[int(g)] for g in gold[train]]
+    prior = example_priors(schema.fields, {"f": (tally, list(given))})["f"]
     rows = np.concatenate([raw[test], raw[train]]).tolist()
     cal = Calibrator.from_distributions(schema, {"f": rows}, model="m", method="em", priors={"f": prior})
     field = cal.field("f")
-    held = held_out_evidence(field.bias, tally, [[int(g)] for g in gold[train]], raw[train].tolist())
+    held = held_out_evidence(field.bias, tally, given, raw[train].tolist())
     return np.array([field.correct(r) for r in raw[test]]), list(held)
 
 

@@ -17,7 +17,16 @@ if TYPE_CHECKING:
     from pcd_engine.engine import Engine
 
 
-__all__ = ["describe", "extract_options", "load_engine", "read_schema", "with_decoding", "with_model"]
+__all__ = [
+    "check_output",
+    "count",
+    "describe",
+    "extract_options",
+    "load_engine",
+    "read_schema",
+    "with_decoding",
+    "with_model",
+]
 
 
 def count(text: str) -> int:
